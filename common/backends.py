@@ -1,0 +1,182 @@
+"""The adapter every implementation offers, numpy in and numpy out, and the registry that finds them.
+
+Each parity test is written once against `Backend` / `Model` and parametrised over whatever
+backends are installed. The registry imports an implementation only when asked for it, so a
+missing framework is reported with its reason and never raises ImportError at collection time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from common.config import TransformerConfig
+from common.errors import BackendUnavailable
+
+
+@dataclass
+class ForwardOutput:
+    """What a forward pass returns, as numpy arrays (float64 for the oracle, else the model dtype
+    converted to float32/float64 so that numpy can compare it).
+
+    Attentions are post-softmax, pre-dropout probabilities [B, h, query, key], one per layer;
+    None when they were not requested. Hidden states are the embedding output followed by every
+    layer's output (before any final norm), [B, L, d_model] each.
+    """
+
+    logits: np.ndarray  # (B, T, V)
+    encoder_output: np.ndarray  # (B, S, d), after the final norm if the config has one
+    encoder_self_attention: list[np.ndarray] | None = None
+    decoder_self_attention: list[np.ndarray] | None = None
+    cross_attention: list[np.ndarray] | None = None
+    encoder_hidden_states: list[np.ndarray] | None = None
+    decoder_hidden_states: list[np.ndarray] | None = None
+
+    def named(self) -> dict[str, np.ndarray]:
+        """Every array under its canonical output name (see docs/PARITY.md)."""
+        out = {"logits": self.logits, "encoder_output": self.encoder_output}
+        groups = [
+            ("encoder.layers.{}.self_attention", self.encoder_self_attention),
+            ("decoder.layers.{}.self_attention", self.decoder_self_attention),
+            ("decoder.layers.{}.cross_attention", self.cross_attention),
+            ("encoder.hidden_states.{}", self.encoder_hidden_states),
+            ("decoder.hidden_states.{}", self.decoder_hidden_states),
+        ]
+        for pattern, arrays in groups:
+            for i, a in enumerate(arrays or []):
+                out[pattern.format(i)] = a
+        return out
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A built model in one framework, on one device, in one dtype."""
+
+    config: TransformerConfig
+    dtype: str  # "float32", "float64" or "bfloat16"
+    device: str  # "cpu", "cuda:0", "gpu:0", ...
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Every canonical tensor, in canonical order and in the model's dtype (bit-exact)."""
+        ...
+
+    def forward(
+        self,
+        src: np.ndarray,
+        tgt_in: np.ndarray,
+        *,
+        attention: bool = False,
+        hidden_states: bool = False,
+        mode: str = "eager",
+    ) -> ForwardOutput:
+        """Eval-mode forward. `attention=True` takes the explicit path and returns probabilities;
+        `attention=False` takes the framework's fused attention kernel. `mode` is one of the
+        backend's `modes` ("eager", "compiled"). Raises InputError for ids the model cannot take.
+        """
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One framework's implementation."""
+
+    name: str  # registry key: "numpy", "torch", "tf", "jax"
+    dtypes: tuple[str, ...]  # compute dtypes it supports
+    modes: tuple[str, ...]  # "eager" and, where the framework compiles, "compiled"
+
+    def version(self) -> str:
+        """Framework and version, e.g. 'torch 2.13.0'; written as the producer of files."""
+        ...
+
+    def devices(self) -> list[str]:
+        """Devices this framework sees here: always 'cpu', plus each accelerator."""
+        ...
+
+    def build(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> Model:
+        """A model holding `weights` (canonical names, any float dtype) cast to `dtype`."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    module: str  # the implementation's backend module
+    cls: str
+    requires: tuple[str, ...]  # top-level packages that must be importable
+    extra: str  # pip extra that installs them
+    label: str = field(default="")
+
+
+REGISTRY: dict[str, BackendInfo] = {
+    "numpy": BackendInfo(
+        "numpy", "common.reference_backend", "NumpyBackend", ("numpy",), "", "NumPy float64 oracle"
+    ),
+    "torch": BackendInfo(
+        "torch", "torch_impl.backend", "TorchBackend", ("torch",), "torch", "PyTorch"
+    ),
+    "tf": BackendInfo(
+        "tf",
+        "tf_impl.backend",
+        "KerasBackend",
+        ("tensorflow", "keras"),
+        "tf",
+        "Keras 3 / TensorFlow",
+    ),
+    "jax": BackendInfo(
+        "jax", "jax_impl.backend", "FlaxBackend", ("jax", "flax"), "jax", "Flax NNX / JAX"
+    ),
+}
+FRAMEWORKS = tuple(REGISTRY)
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why backend `name` cannot run here, or None when it can. Imports nothing heavy."""
+    if name not in REGISTRY:
+        return f"unknown framework {name!r}; known: {', '.join(REGISTRY)}"
+    info = REGISTRY[name]
+    missing = [pkg for pkg in info.requires if importlib.util.find_spec(pkg) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not installed (pip install 'transformer-rosetta[{info.extra}]')"
+        )
+    try:
+        spec = importlib.util.find_spec(info.module)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None:
+        return f"{info.module} is not implemented yet"
+    return None
+
+
+def available_backends() -> dict[str, str | None]:
+    """{name: None if usable, else the reason it is not}, for every registered backend."""
+    return {name: unavailable_reason(name) for name in REGISTRY}
+
+
+_INSTANCES: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name`, imported on first use. BackendUnavailable says why not."""
+    if name in _INSTANCES:
+        return _INSTANCES[name]
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise BackendUnavailable(f"{name}: {reason}")
+    info = REGISTRY[name]
+    module = importlib.import_module(info.module)
+    backend = getattr(module, info.cls)()
+    _INSTANCES[name] = backend
+    return backend

@@ -1,0 +1,1 @@
+"""The Transformer in Flax NNX (nnx.Module) on JAX."""

@@ -1,0 +1,97 @@
+"""The config variants and inputs that every implementation is checked on against the oracle."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from common.config import TransformerConfig
+from common.inputs import ragged_batch
+
+# Small, but with d_k (=6) not a power of two, src vocab != tgt vocab where untied, and
+# encoder depth != decoder depth, so that a transposed or swapped axis cannot pass by symmetry.
+TINY = dict(
+    src_vocab_size=23,
+    tgt_vocab_size=29,
+    d_model=12,
+    num_heads=2,
+    d_ff=20,
+    num_encoder_layers=2,
+    num_decoder_layers=1,
+    max_len=16,
+    dropout=0.0,
+    layer_norm_eps=1e-5,
+)
+
+# (share_embeddings, tie_output): separate untied; separate with the output tied to the target
+# embedding; one shared embedding that is also the output (the paper).
+EMBEDDINGS = {"untied": (False, False), "tied": (False, True), "shared": (True, True)}
+POSITIONS = {
+    "sin-interleaved": ("sinusoidal", "interleaved"),
+    "sin-concatenated": ("sinusoidal", "concatenated"),
+    "learned": ("learned", "interleaved"),
+}
+
+
+def variant(norm: str, act: str, pos: str, emb: str, bias: bool) -> TransformerConfig:
+    share, tie = EMBEDDINGS[emb]
+    kind, layout = POSITIONS[pos]
+    vocab = {"tgt_vocab_size": TINY["src_vocab_size"]} if share else {}
+    return TransformerConfig(
+        **{
+            **TINY,
+            **vocab,
+            "norm_position": norm,
+            "activation": act,
+            "position_kind": kind,
+            "sinusoid_layout": layout,
+            "share_embeddings": share,
+            "tie_output": tie,
+            "attention_bias": bias,
+            # The switches that ride along, chosen so that each is on for half of the grid.
+            "final_norm": norm == "pre" or emb == "tied",
+            "output_bias": not bias,
+            "scale_embeddings": act != "gelu",
+        }
+    )
+
+
+def _id(norm: str, act: str, pos: str, emb: str, bias: bool) -> str:
+    return f"{norm}-{act}-{pos}-{emb}-{'bias' if bias else 'nobias'}"
+
+
+# post/pre x activations x position kinds x sharing/tying x attention bias: 108 configs.
+FACTORS = (
+    ("post", "pre"),
+    ("relu", "gelu", "gelu_tanh"),
+    tuple(POSITIONS),
+    tuple(EMBEDDINGS),
+    (True, False),
+)
+FULL_GRID: dict[str, TransformerConfig] = {
+    _id(*key): variant(*key) for key in itertools.product(*FACTORS)
+}
+
+# A covering subset in which every pair of factor levels appears at least once, for the slower
+# paths (compiled modes): 9 configs instead of 108.
+PAIRWISE_KEYS = [
+    ("post", "relu", "sin-interleaved", "untied", True),
+    ("pre", "gelu", "sin-interleaved", "tied", False),
+    ("post", "gelu_tanh", "sin-interleaved", "shared", False),
+    ("pre", "relu", "sin-concatenated", "shared", False),
+    ("post", "gelu", "sin-concatenated", "untied", True),
+    ("pre", "gelu_tanh", "sin-concatenated", "tied", True),
+    ("post", "relu", "learned", "tied", False),
+    ("pre", "gelu", "learned", "shared", True),
+    ("pre", "gelu_tanh", "learned", "untied", False),
+]
+PAIRWISE_GRID: dict[str, TransformerConfig] = {_id(*key): variant(*key) for key in PAIRWISE_KEYS}
+
+
+def input_cases(c: TransformerConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Ragged padding with src length != tgt length and a fully padded source row; and length 1."""
+    return {
+        "ragged": ragged_batch(c, batch=4, src_len=7, tgt_len=5, seed=1),
+        "length1": ragged_batch(c, batch=2, src_len=1, tgt_len=1, seed=2),
+    }

@@ -1,0 +1,74 @@
+"""Every implementation against the float64 oracle, over the config variant grid.
+
+float64 within 1e-10 and float32 within 1e-5 (common/tolerances.py, docs/PARITY.md) on attention
+probabilities, encoder output and logits; both attention paths; every mode the backend has
+(eager on the full grid, compiled on the pairwise subset). The oracle runs on the weights rounded
+to the model's dtype, so the comparison measures computation, not the rounding of the weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common import reference
+from common.init import init_weights
+from common.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.tolerances import atol_for
+from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, f"shape {a.shape} != oracle {b.shape}"
+    assert np.all(np.isfinite(a)), "non-finite values"
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def check_against_oracle(backend, config, dtype: str, mode: str) -> None:
+    weights = init_weights(config, seed=0, scheme="perturbed", dtype="float64")
+    model = backend.build(config, weights, dtype=dtype)
+    rounded = {k: v.astype(dtype).astype(np.float64) for k, v in weights.items()}
+    atol = atol_for(dtype)
+    for case, (src, tgt_in) in input_cases(config).items():
+        want = reference.forward(rounded, config, src, tgt_in)
+        masks = {
+            "encoder_self_attention": encoder_self_mask(src, config.pad_id),
+            "decoder_self_attention": decoder_self_mask(tgt_in, config.pad_id),
+            "cross_attention": cross_mask(src, config.pad_id),
+        }
+        for attention in (True, False):  # explicit probabilities, then the fused kernel
+            got = model.forward(src, tgt_in, attention=attention, mode=mode)
+            where = f"{case}, attention={attention}, mode={mode}"
+            for name in ("logits", "encoder_output"):
+                diff = max_abs_diff(getattr(got, name), getattr(want, name))
+                assert diff <= atol, f"{name} off by {diff:.3g} > {atol:g} ({where})"
+            for kind, mask in masks.items():
+                maps = getattr(got, kind)
+                if not attention:
+                    assert maps is None, f"{kind} returned on the fused path ({where})"
+                    continue
+                assert len(maps) == len(getattr(want, kind))
+                for layer, (g, w) in enumerate(zip(maps, getattr(want, kind), strict=True)):
+                    diff = max_abs_diff(g, w)
+                    assert diff <= atol, f"{kind}[{layer}] off by {diff:.3g} ({where})"
+                    masked = np.broadcast_to(~mask, g.shape)
+                    assert np.all(np.asarray(g)[masked] == 0), (
+                        f"{kind}[{layer}] nonzero at masked keys"
+                    )
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_id", list(FULL_GRID))
+def test_eager_forward_matches_oracle(backend, config_id, dtype):
+    if dtype not in backend.dtypes:
+        pytest.skip(f"{backend.name} does not compute in {dtype}")
+    check_against_oracle(backend, FULL_GRID[config_id], dtype, "eager")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_id", list(PAIRWISE_GRID))
+def test_compiled_forward_matches_oracle(backend, config_id, dtype):
+    if "compiled" not in backend.modes:
+        pytest.skip(f"{backend.name} has no compiled mode")
+    check_against_oracle(backend, PAIRWISE_GRID[config_id], dtype, "compiled")
