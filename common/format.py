@@ -36,6 +36,22 @@ REQUIRED_METADATA = (META_FORMAT, META_VERSION, META_CONFIG)
 
 # safetensors' dtype codes for the dtypes the format stores.
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# The other codes safetensors knows, named as numpy names them, for error messages.
+_OTHER_DTYPES = {
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3",
+    "F8_E5M2": "float8_e5m2",
+}
+_DTYPE_NAMES = {**SAFETENSORS_DTYPES, **_OTHER_DTYPES}
 _MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 
@@ -64,7 +80,7 @@ def tensor_problems(
     problems: list[str] = []
     expected = canonical_shapes(config)
     missing = [n for n in expected if n not in entries]
-    unexpected = [n for n in entries if n not in expected]
+    unexpected = sorted(n for n in entries if n not in expected)
     if missing:
         problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
     if unexpected:
@@ -191,6 +207,8 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     """
     header, metadata = read_header(path)
     problems, file_config = metadata_problems(metadata)
+    if metadata is None and config is not None:
+        problems = []  # a plain safetensors file, read against the caller's config
     if config is not None and file_config is not None and file_config != config:
         diffs = [
             f"{k} (file {v!r}, expected {getattr(config, k)!r})"
@@ -201,7 +219,7 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     check_config = file_config if file_config is not None else config
     entries = {
         name: (
-            SAFETENSORS_DTYPES.get(e.get("dtype"), str(e.get("dtype"))),
+            _DTYPE_NAMES.get(e.get("dtype"), str(e.get("dtype"))),
             tuple(e.get("shape", ())),
         )
         for name, e in header.items()

@@ -72,3 +72,19 @@ def test_compiled_forward_matches_oracle(backend, config_id, dtype):
     if "compiled" not in backend.modes:
         pytest.skip(f"{backend.name} has no compiled mode")
     check_against_oracle(backend, PAIRWISE_GRID[config_id], dtype, "compiled")
+
+
+@pytest.mark.slow
+def test_base_config_float64_matches_oracle(backend):
+    """The paper's base sizes (d_model 512, 8 heads, 6+6 layers, d_ff 2048), vocabulary cut to
+    1000 to keep memory small: float64 stays within the float64 bound at full depth."""
+    from common.config import preset
+
+    config = preset("base").replace(src_vocab_size=1000, tgt_vocab_size=1000, dropout=0.0)
+    weights = init_weights(config, seed=0, scheme="perturbed", dtype="float64")
+    src, tgt_in = input_cases(config)["ragged"]
+    want = reference.forward(weights, config, src, tgt_in)
+    got = backend.build(config, weights, dtype="float64").forward(src, tgt_in, attention=True)
+    for name, value in got.named().items():
+        diff = max_abs_diff(value, want.named()[name])
+        assert diff <= atol_for("float64"), f"{name} off by {diff:.3g}"

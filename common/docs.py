@@ -1,0 +1,176 @@
+"""Generates the tables in docs/FORMAT.md from the code, so the doc cannot drift from it.
+
+`python -m common.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
+`<!-- END GENERATED: key -->`; `python -m common.docs --check` exits 1 if any block is stale
+(the test suite runs the check).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from common.config import TransformerConfig
+from common.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_CONFIG,
+    META_FORMAT,
+    META_PRODUCER,
+    META_VERSION,
+    SAFETENSORS_DTYPES,
+)
+from common.names import canonical_specs
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
+
+# A config whose sizes are all different numbers, so each number in a shape names one size.
+_PROBE = dict(
+    src_vocab_size=11,
+    tgt_vocab_size=13,
+    d_model=14,
+    num_heads=2,
+    d_ff=9,
+    max_len=17,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    position_kind="learned",
+)
+_SYMBOLS = {
+    11: "src_vocab",
+    13: "tgt_vocab",
+    14: "d_model",
+    2: "h",
+    7: "d_k",
+    9: "d_ff",
+    17: "max_len",
+}
+# Every tensor is present or absent according to one switch; the probe turns all of them on.
+_MAXIMAL = dict(
+    share_embeddings=False, tie_output=False, output_bias=True, final_norm=True, attention_bias=True
+)
+_SWITCHES = {
+    "share_embeddings": True,
+    "tie_output": True,
+    "output_bias": False,
+    "final_norm": False,
+    "attention_bias": False,
+    "position_kind": "sinusoidal",
+}
+
+
+def _template(name: str) -> str:
+    return re.sub(r"\.layers\.0\.", ".layers.{i}.", name)
+
+
+def _names(**changes: object) -> dict[str, tuple[int, ...]]:
+    config = TransformerConfig(**{**_PROBE, **_MAXIMAL, **changes})
+    return {s.name: s.shape for s in canonical_specs(config)}
+
+
+def names_table() -> str:
+    """Every canonical name (layer index as {i}), its shape in symbols, and when it is present."""
+    base = _names()
+    conditions: dict[str, list[str]] = {n: [] for n in base}
+    gained: dict[str, tuple[tuple[int, ...], str]] = {}
+    for switch, flipped in _SWITCHES.items():
+        # One shared embedding needs one vocabulary: its shape shows as [src_vocab, d_model].
+        same_vocab = (
+            {"tgt_vocab_size": _PROBE["src_vocab_size"]} if switch == "share_embeddings" else {}
+        )
+        other = _names(**{switch: flipped}, **same_vocab)
+        for n in base.keys() - other.keys():
+            conditions[n].append(f"{switch} = {_json(_MAXIMAL.get(switch, 'learned'))}")
+        for n in other.keys() - base.keys():
+            gained[n] = (other[n], f"{switch} = {_json(flipped)}")
+    rows = [(n, shape, cond) for n, (shape, cond) in gained.items()]
+    rows += [(n, shape, " and ".join(conditions[n]) or "always") for n, shape in base.items()]
+    lines = ["| name | shape | present when |", "|---|---|---|"]
+    for name, shape, condition in rows:
+        symbolic = "[" + ", ".join(_SYMBOLS[d] for d in shape) + "]"
+        lines.append(f"| `{_template(name)}` | `{symbolic}` | {condition} |")
+    return "\n".join(lines)
+
+
+def metadata_table() -> str:
+    lines = ["| key | value |", "|---|---|"]
+    lines.append(f'| `{META_FORMAT}` | `"{FORMAT_NAME}"` |')
+    lines.append(
+        f'| `{META_VERSION}` | `"{FORMAT_VERSION}"` (this reader\'s version, a decimal string) |'
+    )
+    lines.append(f"| `{META_CONFIG}` | the config as JSON: every field of `TransformerConfig` |")
+    lines.append(f'| `{META_PRODUCER}` | who wrote the file, e.g. `"torch 2.13.0"` (informative) |')
+    return "\n".join(lines)
+
+
+def dtype_table() -> str:
+    lines = ["| safetensors dtype | numpy dtype |", "|---|---|"]
+    lines += [f"| `{code}` | `{name}` |" for code, name in SAFETENSORS_DTYPES.items()]
+    return "\n".join(lines)
+
+
+def config_table() -> str:
+    """Every config field with its default (the paper's base model) and what it allows."""
+    from dataclasses import fields
+
+    from common.config import _CHOICES
+
+    lines = ["| field | default | allowed |", "|---|---|---|"]
+    for f in fields(TransformerConfig):
+        allowed = {
+            int: "integer >= 1" if not f.name.endswith("_id") else "integer in [0, vocab)",
+            float: "number in [0, 1)" if f.name != "layer_norm_eps" else "number in (0, 1)",
+            bool: "true / false",
+        }.get(type(f.default), "")
+        if f.name in _CHOICES:
+            allowed = " / ".join(f"`{c}`" for c in _CHOICES[f.name])
+        lines.append(f"| `{f.name}` | `{_json(f.default)}` | {allowed} |")
+    return "\n".join(lines)
+
+
+def _json(value: object) -> str:
+    return (
+        {True: "true", False: "false"}.get(value, f'"{value}"')
+        if isinstance(value, (bool, str))
+        else str(value)
+    )
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "names": names_table,
+    "metadata": metadata_table,
+    "dtypes": dtype_table,
+    "config": config_table,
+}
+
+
+def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
+    """`text` with every generated block replaced by its generator's current output."""
+    for key, generate in generators.items():
+        pattern = re.compile(
+            rf"(<!-- BEGIN GENERATED: {re.escape(key)} -->\n).*?(<!-- END GENERATED: {re.escape(key)} -->)",
+            re.S,
+        )
+        if not pattern.search(text):
+            raise ValueError(f"{DOC}: no generated block named {key!r}")
+        text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str]) -> int:
+    current = DOC.read_text()
+    fresh = render(current)
+    if "--check" in argv:
+        if fresh != current:
+            print(f"{DOC} is stale: run python -m common.docs", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(fresh)
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""The spec: validation names the field and what is allowed; JSON round trip for every preset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.config import PRESETS, TransformerConfig, preset
+from common.errors import ConfigError
+
+
+def problems_of(**fields) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        TransformerConfig(**fields)
+    return info.value.problems
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_json_round_trip_for_every_preset(name):
+    config = PRESETS[name]
+    text = config.to_json()
+    assert TransformerConfig.from_json(text) == config
+    assert json.loads(text)["d_model"] == config.d_model
+
+
+def test_file_round_trip(tmp_path):
+    config = preset("tiny").replace(activation="gelu", position_kind="learned")
+    path = tmp_path / "c.json"
+    path.write_text(config.to_json(indent=2))
+    assert TransformerConfig.from_file(path) == config
+
+
+def test_defaults_are_the_papers_base_model():
+    c = TransformerConfig()
+    assert (c.d_model, c.num_heads, c.d_ff, c.num_encoder_layers, c.num_decoder_layers) == (
+        512,
+        8,
+        2048,
+        6,
+        6,
+    )
+    assert (c.dropout, c.label_smoothing, c.norm_position, c.head_dim) == (0.1, 0.1, "post", 64)
+    assert c.share_embeddings and c.tie_output and c.scale_embeddings
+    big = preset("big")
+    assert (big.d_model, big.num_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+
+
+def test_d_model_not_divisible_by_heads():
+    (p,) = problems_of(d_model=100, num_heads=3)
+    assert p.startswith("d_model: 100 is not divisible by num_heads=3")
+
+
+@pytest.mark.parametrize("field", ["d_model", "num_heads", "d_ff", "num_encoder_layers", "max_len"])
+def test_size_below_one(field):
+    problems = problems_of(**{field: 0})
+    assert f"{field}: must be >= 1, got 0" in problems
+
+
+def test_size_of_wrong_type():
+    assert "d_ff: must be an integer >= 1, got 2048.0" in problems_of(d_ff=2048.0)
+    assert "final_norm: must be true or false, got 1" in problems_of(final_norm=1)
+
+
+def test_unknown_activation_and_position_kind():
+    problems = problems_of(activation="swish", position_kind="rotary")
+    assert "activation: unknown value 'swish'; allowed: 'relu', 'gelu', 'gelu_tanh'" in problems
+    assert "position_kind: unknown value 'rotary'; allowed: 'sinusoidal', 'learned'" in problems
+    (p,) = problems_of(sinusoid_layout="blocked")
+    assert p.startswith("sinusoid_layout: unknown value 'blocked'")
+
+
+def test_sharing_embeddings_with_different_vocabs():
+    problems = problems_of(src_vocab_size=100, tgt_vocab_size=120, tie_output=False)
+    assert problems == [
+        "share_embeddings: one shared embedding needs src_vocab_size == tgt_vocab_size, got 100 "
+        "and 120; set share_embeddings to false"
+    ]
+
+
+def test_tying_the_output_when_vocabs_differ():
+    problems = problems_of(src_vocab_size=100, tgt_vocab_size=120, tie_output=True)
+    assert any(p.startswith("tie_output: the output projection would be tied") for p in problems)
+    # Without sharing, the output ties to the target embedding, whose vocabulary always fits.
+    ok = TransformerConfig(src_vocab_size=100, tgt_vocab_size=120, share_embeddings=False)
+    assert ok.tie_output
+
+
+def test_every_problem_is_reported_at_once():
+    problems = problems_of(dropout=1.5, layer_norm_eps=0.0, activation="tanh", max_len=-1)
+    assert len(problems) == 4
+    assert {p.split(":")[0] for p in problems} == {
+        "dropout",
+        "layer_norm_eps",
+        "activation",
+        "max_len",
+    }
+
+
+def test_special_ids():
+    assert "pad_id: 50 is outside the vocabulary (size 48)" in problems_of(
+        **{**preset("tiny").to_dict(), "pad_id": 50}
+    )
+    assert "eos_id: must differ from pad_id (both 0)" in problems_of(eos_id=0)
+    assert "sinusoidal positions pair" in problems_of(d_model=9, num_heads=3)[0]
+    # Marian starts decoding from the pad token, so bos == pad is allowed.
+    assert TransformerConfig(bos_id=0).bos_id == 0
+
+
+def test_unknown_key_in_json_config_is_named_with_a_suggestion():
+    data = {**preset("tiny").to_dict(), "d_modle": 32, "heads": 4}
+    with pytest.raises(ConfigError) as info:
+        TransformerConfig.from_dict(data)
+    assert info.value.problems == [
+        "d_modle: unknown config field (did you mean 'd_model'?)",
+        "heads: unknown config field (did you mean 'num_heads'?)",
+    ]
+
+
+def test_bad_json_text():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        TransformerConfig.from_json("{d_model: 3")
+    with pytest.raises(ConfigError, match="must be a JSON object, got list"):
+        TransformerConfig.from_json("[1, 2]")
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'; allowed: tiny, base, big"):
+        preset("huge")
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        preset("tiny").d_model = 8

@@ -1,0 +1,95 @@
+"""Regenerate the shared test vectors: `python -m parity_tests.vectors.make_vectors`.
+
+For each config below it writes NAME.safetensors (float64 weights in the shared format, config in
+the metadata) and NAME.npz (inputs `src`, `tgt_in` and the oracle's float64 outputs under their
+canonical output names: logits, encoder_output, encoder.layers.{i}.self_attention, ...).
+An implementation in any framework can check itself against these files alone: load the weights,
+run the inputs, compare (docs/PARITY.md). The npz holds no objects: load it with allow_pickle=False.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common import reference
+from common.config import TransformerConfig
+from common.format import atomic_write, save_weights
+from common.init import init_weights
+from common.inputs import ragged_batch
+
+HERE = Path(__file__).parent
+_TINY = dict(
+    src_vocab_size=31,
+    tgt_vocab_size=31,
+    d_model=12,
+    num_heads=3,
+    d_ff=20,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    max_len=16,
+    dropout=0.0,
+)
+
+VECTOR_CONFIGS: dict[str, TransformerConfig] = {
+    # The paper's model in miniature: post-norm, relu, interleaved sinusoids, one shared embedding.
+    "post_ln_shared": TransformerConfig(**_TINY),
+    # Pre-norm with final norms, GELU, learned positions, separate vocabularies, untied output
+    # with a bias, eps 1e-5 (torch's), like many ported models.
+    "pre_ln_untied": TransformerConfig(
+        **{
+            **_TINY,
+            "tgt_vocab_size": 37,
+            "norm_position": "pre",
+            "final_norm": True,
+            "activation": "gelu",
+            "position_kind": "learned",
+            "share_embeddings": False,
+            "tie_output": False,
+            "output_bias": True,
+            "layer_norm_eps": 1e-5,
+        }
+    ),
+    # Marian-like: concatenated sinusoids, output tied to a separate target embedding, tanh GELU,
+    # no attention biases, no embedding scale, decoding starts from the pad id.
+    "post_ln_tied_concat": TransformerConfig(
+        **{
+            **_TINY,
+            "tgt_vocab_size": 29,
+            "sinusoid_layout": "concatenated",
+            "share_embeddings": False,
+            "activation": "gelu_tanh",
+            "attention_bias": False,
+            "scale_embeddings": False,
+            "bos_id": 0,
+        }
+    ),
+}
+
+
+def vector_inputs(c: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
+    return ragged_batch(c, batch=3, src_len=7, tgt_len=6, seed=11)
+
+
+def write_vectors(folder: Path = HERE) -> list[Path]:
+    written = []
+    for name, config in VECTOR_CONFIGS.items():
+        weights = init_weights(config, seed=2017, scheme="perturbed", dtype="float64")
+        src, tgt_in = vector_inputs(config)
+        out = reference.forward(weights, config, src, tgt_in)
+        save_weights(folder / f"{name}.safetensors", weights, config, producer="common.reference")
+        arrays = {"src": src, "tgt_in": tgt_in, **out.named()}
+        atomic_write(folder / f"{name}.npz", lambda tmp, a=arrays: _savez(tmp, a))
+        written += [folder / f"{name}.safetensors", folder / f"{name}.npz"]
+    return written
+
+
+def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+if __name__ == "__main__":
+    for path in write_vectors():
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
