@@ -1,0 +1,118 @@
+"""The PyTorch model behind the adapter (common/backends.py), numpy in and numpy out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from common.backends import ForwardOutput
+from common.config import TransformerConfig
+from common.inputs import check_inputs
+from torch_impl.model import Transformer
+from torch_impl.weights import export_canonical, load_canonical
+
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """numpy -> torch without rounding; torch cannot read ml_dtypes' bfloat16, so pass its bits."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def to_numpy(t: torch.Tensor, *, exact: bool = False) -> np.ndarray:
+    """torch -> a numpy copy. bfloat16 becomes float32 (results) or ml_dtypes.bfloat16 (exact)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        if exact:
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        t = t.float()
+    return t.numpy().copy()
+
+
+class TorchModel:
+    """A built Transformer on one device in one dtype, always in eval mode."""
+
+    def __init__(
+        self, config: TransformerConfig, module: Transformer, dtype: str, device: str
+    ) -> None:
+        self.config = config
+        self.module = module.eval()
+        self.dtype = dtype
+        self.device = device
+
+    def export(self) -> dict[str, np.ndarray]:
+        return {n: to_numpy(t, exact=True) for n, t in export_canonical(self.module).items()}
+
+    def forward(
+        self,
+        src: np.ndarray,
+        tgt_in: np.ndarray,
+        *,
+        attention: bool = False,
+        hidden_states: bool = False,
+        mode: str = "eager",
+    ) -> ForwardOutput:
+        if mode not in TorchBackend.modes:
+            raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(TorchBackend.modes)}")
+        src, tgt_in = check_inputs(self.config, src, tgt_in)
+        with torch.inference_mode():
+            src_t = torch.from_numpy(src).to(self.device)
+            tgt_t = torch.from_numpy(tgt_in).to(self.device)
+            memory, enc_attn, enc_hidden = self.module.encode(src_t, need_weights=attention)
+            y, self_attn, cross_attn, dec_hidden = self.module.decode(
+                tgt_t, memory, src_t, need_weights=attention
+            )
+            logits = self.module.logits(y)
+
+        def arrays(ts: list[torch.Tensor] | None) -> list[np.ndarray] | None:
+            return None if ts is None else [to_numpy(t) for t in ts]
+
+        return ForwardOutput(
+            logits=to_numpy(logits),
+            encoder_output=to_numpy(memory),
+            encoder_self_attention=arrays(enc_attn),
+            decoder_self_attention=arrays(self_attn),
+            cross_attention=arrays(cross_attn),
+            encoder_hidden_states=arrays(enc_hidden) if hidden_states else None,
+            decoder_hidden_states=arrays(dec_hidden) if hidden_states else None,
+        )
+
+
+class TorchBackend:
+    name = "torch"
+    dtypes = ("float32", "float64", "bfloat16")
+    modes = ("eager",)
+
+    def version(self) -> str:
+        return f"torch {torch.__version__}"
+
+    def devices(self) -> list[str]:
+        found = ["cpu"]
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if torch.backends.mps.is_available():
+            found.append("mps")
+        return found
+
+    def build(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> TorchModel:
+        """torch's float32 matmuls are IEEE by default (no TF32), which the GPU parity runs need;
+        this leaves that global setting alone."""
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TORCH_DTYPES)}")
+        if device not in self.devices():
+            raise ValueError(f"device: {device!r} is not here; found: {', '.join(self.devices())}")
+        module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
+        load_canonical(module, {name: to_torch(w) for name, w in weights.items()})
+        return TorchModel(config, module, dtype, device)
