@@ -1,0 +1,187 @@
+"""Canonical weights <-> the Flax NNX model, and the native checkpoint.
+
+The rule, and the only mapping there is: model.py names its attributes after the canonical names,
+so the path of every nnx.Param in `nnx.state(model, nnx.Param)` joined with "." *is* its canonical
+name (("encoder", "layers", 0, "self_attention", "query", "kernel") is
+"encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: common.names derives
+them, and each load asserts that the model's paths and the canonical names are the same set.
+
+Layouts are canonical already: nnx.LinearGeneral keeps attention kernels as [d, h, k] and
+[h, k, d] with biases [h, k] and [d], nnx.Linear kernels are [in, out], nnx.LayerNorm has
+`scale` and `bias`, embeddings are [vocab, d]. So, unlike torch, nothing is transposed or packed.
+
+float64 needs JAX's x64 mode. `x64_scope(dtype)` switches it on for a float64 model only, as a
+context manager (jax.enable_x64), so float32 users in the same process are not affected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx, serialization
+
+from common.config import TransformerConfig
+from common.dtypes import numpy_dtype
+from common.errors import WeightFileError
+from common.format import atomic_write
+from common.names import canonical_shapes
+from jax_impl.model import Transformer
+
+# Canonical tensors that the Flax layout stores transposed or packed: none (see the docstring).
+# Kept as a name so that a reader diffing the three weights.py files sees the difference here.
+TRANSPOSED: tuple[str, ...] = ()
+
+StatePath = tuple[str | int, ...]
+
+
+def x64_scope(dtype: str) -> contextlib.AbstractContextManager:
+    """JAX's 64-bit mode on exactly while building and running a float64 model, off otherwise.
+
+    jax.enable_x64 is a context manager over a thread-local config value, and jit keys its cache
+    on it, so a float64 model and a float32 one in one process each compile in their own mode.
+    """
+    return jax.enable_x64(dtype == "float64")
+
+
+def canonical_name(path: StatePath) -> str:
+    """The canonical name of an nnx.state path: its parts joined with "."."""
+    return ".".join(str(part) for part in path)
+
+
+def attribute_path(path: StatePath) -> str:
+    """How Python code reaches the tensor: model.encoder.layers[0].self_attention.query.kernel."""
+    return "model" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def param_paths(model: Transformer) -> dict[str, StatePath]:
+    """{canonical name: nnx.state path} for every nnx.Param, checked against common.names."""
+    paths = {canonical_name(p): p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    expected = canonical_shapes(model.config)
+    if set(paths) != set(expected):
+        raise AssertionError(
+            f"model params and canonical names differ: only in the model "
+            f"{sorted(set(paths) - set(expected))}, only canonical "
+            f"{sorted(set(expected) - set(paths))}"
+        )
+    return {name: paths[name] for name in expected}
+
+
+def native_name_map(config: TransformerConfig) -> dict[str, str]:
+    """{canonical name: how to reach it on a Transformer}, in canonical order (for the docs)."""
+    with x64_scope("float32"):
+        model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    return {name: attribute_path(path) for name, path in param_paths(model).items()}
+
+
+def _params_pure_dict(
+    model: Transformer, weights: Mapping[str, np.ndarray], dtype: str
+) -> dict[str, np.ndarray]:
+    """The model's nnx.Param state as a pure nested dict holding `weights`, shapes asserted."""
+    target = numpy_dtype(dtype)
+    state = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+    for name, path in param_paths(model).items():
+        node = pure
+        for part in path[:-1]:
+            node = node[part]
+        have = tuple(node[path[-1]].shape)
+        given = np.asarray(weights[name])
+        assert given.shape == have, f"{name}: weights have {given.shape}, model needs {have}"
+        # Cast on the host with numpy (ml_dtypes for bfloat16): one correctly rounded step even
+        # from float64, where a jnp cast without x64 would go through float32 first.
+        node[path[-1]] = given.astype(target, copy=False)
+    return pure
+
+
+def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray], dtype: str) -> None:
+    """Copy canonical `weights` (any float dtype, cast to `dtype`) into `model` in place."""
+    missing = [n for n in canonical_shapes(model.config) if n not in weights]
+    if missing:
+        raise ValueError(f"missing tensors: {', '.join(missing)}")
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, _params_pure_dict(model, weights, dtype))
+    nnx.update(model, state)
+
+
+def from_canonical(
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    dtype: str = "float32",
+    *,
+    seed: int = 0,
+) -> Transformer:
+    """A Transformer in `dtype` holding canonical `weights`; `seed` only seeds dropout."""
+    with x64_scope(dtype):
+        model = Transformer(config, dtype=numpy_dtype(dtype), rngs=nnx.Rngs(seed))
+        load_canonical(model, weights, dtype)
+    return model
+
+
+def to_canonical(model: Transformer) -> dict[str, np.ndarray]:
+    """Every canonical tensor, in canonical order and in the model's dtype, bit-exact (bfloat16
+    as ml_dtypes.bfloat16 numpy arrays)."""
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    return {name: np.asarray(flat[path][...]) for name, path in param_paths(model).items()}
+
+
+def save_native(model: Transformer, path: str | Path) -> None:
+    """Flax's native checkpoint: the nnx.Param state as msgpack (flax.serialization).
+
+    msgpack rather than orbax: one small file written atomically, no background threads and no
+    folder layout, and restoring it into a freshly built model checks the tree structure. The
+    config is not in the file: load_native takes it, as nnx.merge takes a graphdef.
+    """
+    data = serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_bytes(data))
+
+
+def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:
+    """A Transformer for `config` restored from save_native's file, with every shape checked."""
+    try:
+        restored = serialization.msgpack_restore(Path(path).read_bytes())
+    except OSError as exc:
+        raise WeightFileError(str(path), [exc.strerror or str(exc)]) from None
+    flat = {canonical_name(p): np.asarray(v) for p, v in _leaves(restored)}
+    with x64_scope(dtype):
+        model = Transformer(config, dtype=numpy_dtype(dtype), rngs=nnx.Rngs(0))
+        problems = [
+            f"wrong dtype for {n}: file has {flat[n].dtype}, asked for {dtype}"
+            for n in flat
+            if flat[n].dtype != numpy_dtype(dtype)
+        ]
+        expected = canonical_shapes(config)
+        missing = [n for n in expected if n not in flat]
+        unexpected = [n for n in flat if n not in expected]
+        if missing:
+            problems.append(f"missing tensors: {', '.join(missing)}")
+        if unexpected:
+            problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+        problems += [
+            f"wrong shape for {n}: file has {list(flat[n].shape)}, config needs {list(s)}"
+            for n, s in expected.items()
+            if n in flat and flat[n].shape != s
+        ]
+        if problems:
+            raise WeightFileError(str(path), problems)
+        load_canonical(model, flat, dtype)
+    return model
+
+
+def _leaves(tree: Mapping, prefix: StatePath = ()) -> Iterator[tuple[StatePath, np.ndarray]]:
+    """(path, array) for every leaf of a nested dict; msgpack gives list indices back as str."""
+    for key, value in tree.items():
+        part = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*prefix, part))
+        else:
+            yield (*prefix, part), value
+
+
+def to_device(model: Transformer, device: jax.Device) -> Transformer:
+    """The model with every array placed on `device` (a jax.Device)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, device))
