@@ -1,0 +1,193 @@
+"""Keras-specific checks: variable paths and the .weights.h5 checkpoint round trip bit-exactly,
+LayerNorm epsilon comes from the config, XLA compilation matches the oracle, and the same
+model.py matches the oracle on Keras's JAX and torch backends (the keras.ops claim)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import reference
+from common.backends import unavailable_reason
+from common.init import init_weights
+from common.names import canonical_shapes
+from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
+
+if unavailable_reason("tf") is not None:
+    pytest.skip(f"backend tf: {unavailable_reason('tf')}", allow_module_level=True)
+
+import keras  # noqa: E402
+
+from tf_impl.backend import KerasBackend  # noqa: E402
+from tf_impl.weights import (  # noqa: E402
+    canonical_name,
+    export_canonical,
+    load_canonical,
+    load_native,
+    native_name_map,
+    new_model,
+    save_native,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# Untied output with an output bias, GELU (erf), learned positions, pre-norm with final norms:
+# every kind of variable the model can have except the shared embedding.
+CONFIG = FULL_GRID["pre-gelu-learned-untied-nobias"]
+
+
+def assert_bit_exact(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert list(got) == list(want)
+    for name, w in want.items():
+        assert got[name].dtype == w.dtype, name
+        assert got[name].shape == w.shape, name
+        assert got[name].tobytes() == w.tobytes(), f"{name} changed"
+
+
+@pytest.mark.parametrize(
+    "config_id", ["pre-gelu-learned-untied-nobias", "post-relu-sin-interleaved-shared-bias"]
+)
+def test_variable_paths_are_canonical_names(config_id):
+    config = FULL_GRID[config_id]
+    paths = native_name_map(config)
+    assert list(paths) == list(canonical_shapes(config))
+    for name, path in paths.items():
+        # The rule weights.py relies on: the path under the model's name, "/" read as ".", with
+        # only Keras's own leaf names (gamma, beta, embeddings) renamed or dropped.
+        assert path.startswith("transformer/")
+        parts, canonical = path.removeprefix("transformer/").split("/"), name.split(".")
+        assert parts[: len(canonical) - 1] == canonical[:-1], (name, path)
+        assert canonical_name(path) == name
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_canonical_keras_canonical_is_bit_exact(dtype):
+    weights = init_weights(CONFIG, seed=5, scheme="perturbed", dtype=dtype)
+    model = new_model(CONFIG, dtype)
+    load_canonical(model, weights)
+    assert_bit_exact(export_canonical(model), weights)
+
+
+def test_a_wrong_shape_is_refused_by_name():
+    weights = init_weights(CONFIG, seed=5, dtype="float32")
+    weights["decoder.layers.0.cross_attention.key.kernel"] = np.zeros((12, 6, 2), np.float32)
+    with pytest.raises(ValueError, match=r"cross_attention\.key\.kernel: shape \[12, 6, 2\]"):
+        load_canonical(new_model(CONFIG), weights)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_h5_round_trip_is_bit_exact(tmp_path, dtype):
+    weights = init_weights(CONFIG, seed=6, scheme="perturbed", dtype=dtype)
+    model = new_model(CONFIG, dtype)
+    load_canonical(model, weights)
+    path = tmp_path / "model.weights.h5"
+    save_native(model, path)
+    assert_bit_exact(export_canonical(load_native(CONFIG, path, dtype)), weights)
+
+
+def test_layer_norm_epsilon_is_the_configs():
+    config = CONFIG.replace(layer_norm_eps=0.25)  # far from Keras's 1e-3 default
+    model = new_model(config, "float64")
+    norms = [
+        layer
+        for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.LayerNormalization)
+    ]
+    assert len(norms) == 2 * 2 + 3 * 1 + 2  # per encoder/decoder layer, plus the final norms
+    assert {layer.epsilon for layer in norms} == {0.25}
+    # And it is what the numbers use: with eps this large, a default epsilon is off by ~1e-1.
+    weights = init_weights(config, 0, scheme="perturbed", dtype="float64")
+    load_canonical(model, weights)
+    src, tgt_in = input_cases(config)["ragged"]
+    got = model(src, tgt_in, training=False)["logits"]
+    want = reference.forward(weights, config, src, tgt_in).logits
+    assert np.max(np.abs(keras.ops.convert_to_numpy(got) - want)) <= 1e-10
+
+
+def test_xla_compiled_forward_matches_oracle():
+    config = PAIRWISE_GRID["pre-gelu-learned-shared-bias"]
+    weights = init_weights(config, 0, scheme="perturbed", dtype="float64")
+    model = KerasBackend(jit_compile=True).build(config, weights, dtype="float64")
+    src, tgt_in = input_cases(config)["ragged"]
+    want = reference.forward(weights, config, src, tgt_in)
+    for attention in (True, False):
+        got = model.forward(src, tgt_in, attention=attention, mode="compiled")
+        assert np.max(np.abs(got.logits - want.logits)) <= 1e-10
+        assert np.max(np.abs(got.encoder_output - want.encoder_output)) <= 1e-10
+    for g, w in zip(got.cross_attention or [], want.cross_attention, strict=False):
+        assert np.max(np.abs(g - w)) <= 1e-10
+
+
+def test_dropout_acts_in_training_only():
+    config = CONFIG.replace(dropout=0.3, attention_dropout=0.2)
+    model = new_model(config)
+    load_canonical(model, init_weights(config, 0, dtype="float32"))
+    src, tgt_in = input_cases(config)["ragged"]
+    logits = lambda training: keras.ops.convert_to_numpy(  # noqa: E731
+        model(src, tgt_in, training=training)["logits"]
+    )
+    assert np.array_equal(logits(False), logits(False))
+    assert not np.allclose(logits(True), logits(False))
+
+
+# The same model.py under another Keras backend, in a subprocess since the backend is fixed when
+# keras is imported. Prints the max |diff| against the oracle for each attention path.
+OTHER_BACKEND_SCRIPT = """
+import json
+import keras
+import numpy as np
+from common import reference
+from common.init import init_weights
+from parity_tests.grid import FULL_GRID, input_cases
+from tf_impl.weights import load_canonical, new_model
+
+config = FULL_GRID[{config_id!r}]
+weights = init_weights(config, 0, scheme="perturbed", dtype="float32")
+model = new_model(config, "float32")
+load_canonical(model, weights)
+src, tgt_in = input_cases(config)["ragged"]
+want = reference.forward(weights, config, src, tgt_in)
+diffs = {{}}
+for attention in (True, False):
+    got = model(src, tgt_in, training=False, return_attention=attention)
+    pairs = [(got["logits"], want.logits), (got["encoder_output"], want.encoder_output)]
+    if attention:
+        for key in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
+            pairs += list(zip(got[key], getattr(want, key)))
+    diffs[str(attention)] = max(
+        float(np.max(np.abs(keras.ops.convert_to_numpy(g).astype(np.float64) - w)))
+        for g, w in pairs
+    )
+print(json.dumps({{"backend": keras.backend.backend(), "diffs": diffs}}))
+"""
+
+
+def test_model_matches_oracle_on_keras_jax_and_torch_backends():
+    backends = [b for b in ("jax", "torch") if unavailable_reason(b) is None]
+    if not backends:
+        pytest.skip("neither jax nor torch is installed")
+    script = OTHER_BACKEND_SCRIPT.format(config_id="pre-gelu_tanh-learned-untied-nobias")
+    runs = {}
+    for name in backends:  # started together, so they overlap
+        env = {**os.environ, "KERAS_BACKEND": name, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        runs[name] = subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    for name, run in runs.items():
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, f"keras on {name} failed:\n{err[-3000:]}"
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["backend"] == name
+        for attention, diff in result["diffs"].items():
+            assert diff <= 1e-5, f"{name}, attention={attention}: off by {diff:.3g}"

@@ -1,0 +1,143 @@
+"""The Keras 3 / TensorFlow implementation behind the adapter (common/backends.py), backend "tf"."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from collections.abc import Callable, Mapping  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from common.backends import ForwardOutput  # noqa: E402
+from common.config import TransformerConfig  # noqa: E402
+from common.dtypes import COMPUTE_DTYPES  # noqa: E402
+from common.inputs import check_inputs  # noqa: E402
+from tf_impl.model import Transformer  # noqa: E402
+from tf_impl.weights import export_canonical, load_canonical, new_model  # noqa: E402
+
+# Parity on a GPU needs full float32 matmuls (design.md, "GPU").
+tf.config.experimental.enable_tensor_float_32_execution(False)
+
+ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
+
+
+def _tf_device(device: str) -> str:
+    """'cpu' -> '/CPU:0', 'gpu:N' -> '/GPU:N'."""
+    kind, _, index = device.partition(":")
+    return f"/{kind.upper()}:{index or 0}"
+
+
+def _to_numpy(x: tf.Tensor) -> np.ndarray:
+    array = keras.ops.convert_to_numpy(x)
+    # numpy cannot compute in bfloat16; float32 holds every bfloat16 value exactly.
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
+class KerasModel:
+    """A built Keras Transformer on one device, in one dtype (the adapter's Model)."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        model: Transformer,
+        dtype: str,
+        device: str,
+        jit_compile: bool = False,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        self.model = model
+        self.jit_compile = jit_compile
+        self._compiled: dict[bool, Callable] = {}
+
+    def export(self) -> dict[str, np.ndarray]:
+        return export_canonical(self.model)
+
+    def _compiled_forward(self, attention: bool) -> Callable:
+        """A tf.function eval forward, one per attention path (traced again per input shape);
+        XLA-compiled when jit_compile is set."""
+        if attention not in self._compiled:
+            model = self.model
+
+            @tf.function(jit_compile=self.jit_compile)
+            def forward(src: tf.Tensor, tgt_in: tf.Tensor) -> dict:
+                return model(src, tgt_in, training=False, return_attention=attention)
+
+            self._compiled[attention] = forward
+        return self._compiled[attention]
+
+    def forward(
+        self,
+        src: np.ndarray,
+        tgt_in: np.ndarray,
+        *,
+        attention: bool = False,
+        hidden_states: bool = False,
+        mode: str = "eager",
+    ) -> ForwardOutput:
+        src, tgt_in = check_inputs(self.config, src, tgt_in)
+        if mode not in KerasBackend.modes:
+            raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(KerasBackend.modes)}")
+        with tf.device(_tf_device(self.device)):
+            if mode == "compiled":
+                out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
+            else:
+                out = self.model(src, tgt_in, training=False, return_attention=attention)
+        lists = {}
+        for key in ATTENTION_KEYS if attention else ():
+            lists[key] = [_to_numpy(a) for a in out[key]]
+        for key in HIDDEN_KEYS if hidden_states else ():
+            lists[key] = [_to_numpy(h) for h in out[key]]
+        return ForwardOutput(
+            logits=_to_numpy(out["logits"]),
+            encoder_output=_to_numpy(out["encoder_output"]),
+            **lists,
+        )
+
+
+class KerasBackend:
+    """Keras 3 on TensorFlow. Modes: "eager", and "compiled", a `tf.function` graph.
+
+    `jit_compile=True` makes "compiled" an XLA program instead, as the benchmark runs it. It is
+    not the default because XLA compiles each (model, input shape, attention path) anew, ~3 s
+    on a CPU for even the tiny parity configs (a graph traces in ~0.5 s); parity_tests/test_tf_impl.py
+    checks the XLA path against the oracle on its own.
+    """
+
+    name = "tf"
+    dtypes = COMPUTE_DTYPES
+    modes = ("eager", "compiled")
+
+    def __init__(self, jit_compile: bool = False) -> None:
+        self.jit_compile = jit_compile
+
+    def version(self) -> str:
+        return f"keras {keras.__version__} / tensorflow {tf.__version__}"
+
+    def devices(self) -> list[str]:
+        gpus = tf.config.list_logical_devices("GPU")
+        return ["cpu", *(f"gpu:{i}" for i in range(len(gpus)))]
+
+    def build(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> KerasModel:
+        if dtype not in self.dtypes:
+            raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(self.dtypes)}")
+        if device not in self.devices():
+            raise ValueError(f"device: unknown {device!r}; here: {', '.join(self.devices())}")
+        with tf.device(_tf_device(device)):
+            model = new_model(config, dtype)
+            load_canonical(model, weights)
+        return KerasModel(config, model, dtype, device, self.jit_compile)
