@@ -7,9 +7,12 @@ missing framework is reported with its reason and never raises ImportError at co
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-from collections.abc import Mapping
+import os
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -168,6 +171,29 @@ def available_backends() -> dict[str, str | None]:
 _INSTANCES: dict[str, Backend] = {}
 
 
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Hide what C++ libraries write straight to file descriptor 2 while a framework loads.
+
+    TensorFlow 2.21 logs through absl before Python can configure it ("All log messages before
+    absl::InitializeLog()", "Could not find cuda drivers", "failed call to cuInit"), ignoring
+    TF_CPP_MIN_LOG_LEVEL. Python exceptions are unaffected: they surface after the block.
+    Set ROSETTA_VERBOSE=1 to see everything.
+    """
+    if os.environ.get("ROSETTA_VERBOSE"):
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def get_backend(name: str) -> Backend:
     """The backend called `name`, imported on first use. BackendUnavailable says why not."""
     if name in _INSTANCES:
@@ -176,7 +202,9 @@ def get_backend(name: str) -> Backend:
     if reason is not None:
         raise BackendUnavailable(f"{name}: {reason}")
     info = REGISTRY[name]
-    module = importlib.import_module(info.module)
-    backend = getattr(module, info.cls)()
+    with native_stderr_silenced():
+        module = importlib.import_module(info.module)
+        backend = getattr(module, info.cls)()
+        backend.devices()  # the first device query initialises the runtime, which logs too
     _INSTANCES[name] = backend
     return backend

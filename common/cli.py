@@ -11,11 +11,17 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
+import numpy as np  # noqa: E402
+
+from common.backends import FRAMEWORKS, get_backend  # noqa: E402
 from common.config import PRESETS, TransformerConfig, preset  # noqa: E402
 from common.errors import RosettaError  # noqa: E402
-from common.format import load_weights  # noqa: E402
+from common.format import WeightFile, atomic_write, load_weights  # noqa: E402
+from common.init import init_weights  # noqa: E402
+from common.inputs import check_inputs, ragged_batch  # noqa: E402
 from common.names import canonical_specs, embedding_names, parameter_count  # noqa: E402
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -137,6 +143,307 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_inspect)
 
 
+# -- shared argument handling -----------------------------------------------------------------
+
+
+def config_and_weights(
+    args: argparse.Namespace, default_preset: str | None
+) -> tuple[TransformerConfig, dict[str, np.ndarray], str]:
+    """The model to run: from --weights (whose config wins, and must match --preset/--config if
+    one is given too), else random weights from --seed for --preset/--config."""
+    asked: TransformerConfig | None = None
+    if getattr(args, "preset", None) and getattr(args, "config", None):
+        raise UsageError("give --preset or --config, not both")
+    if getattr(args, "config", None):
+        asked = TransformerConfig.from_file(args.config)
+    elif getattr(args, "preset", None):
+        asked = preset(args.preset)
+    if getattr(args, "weights", None):
+        wf: WeightFile = load_weights(args.weights, config=asked)
+        return wf.config, wf.tensors, f"{args.weights} ({wf.dtype}, by {wf.producer})"
+    if asked is None:
+        if default_preset is None:
+            raise UsageError("give --weights FILE, or --preset/--config for random weights")
+        asked = preset(default_preset)
+    # The "perturbed" scheme: random biases and gains, so that a dropped bias cannot hide.
+    weights = init_weights(asked, seed=args.seed, scheme="perturbed", dtype="float64")
+    name = args.config or f"preset {args.preset or default_preset}"
+    return asked, weights, f"{name}, random weights from seed {args.seed}"
+
+
+def load_ids(path: str, name: str) -> np.ndarray:
+    """An integer id array from a .npy file, with a one-line error for anything else."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"{name}: no such file {path}") from None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"{name}: {path} is not a readable .npy array ({exc})") from None
+
+
+def load_inputs(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in ("src", "tgt") if k not in npz.files]
+            if missing:
+                raise UsageError(
+                    f"--inputs: {path} lacks {', '.join(missing)} (has {', '.join(npz.files) or 'nothing'})"
+                )
+            return npz["src"], npz["tgt"]
+    except FileNotFoundError:
+        raise UsageError(f"--inputs: no such file {path}") from None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--inputs: {path} is not a readable .npz file ({exc})") from None
+
+
+def frameworks_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FRAMEWORKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown framework {', '.join(map(repr, unknown)) or 'list'}; choose from {','.join(FRAMEWORKS)}"
+        )
+    return names
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -- parity -----------------------------------------------------------------------------------
+
+
+def run_parity_command(args: argparse.Namespace) -> int:
+    from common.parity import format_table, run_parity, stderr_progress, summary_line
+
+    config, weights, source = config_and_weights(args, default_preset="tiny")
+    if args.inputs:
+        src, tgt_in = load_inputs(args.inputs)
+    else:
+        src, tgt_in = ragged_batch(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
+    src, tgt_in = check_inputs(config, src, tgt_in)
+    progress = None if args.json else stderr_progress
+    report = run_parity(
+        config,
+        weights,
+        src,
+        tgt_in,
+        frameworks=args.frameworks,
+        dtype=args.dtype,
+        device=args.device,
+        progress=progress,
+    )
+    plots: list[Path] = []
+    if args.plot:
+        from common.plots import plot_attention
+
+        layer = args.plot_layer if args.plot_layer is not None else config.num_decoder_layers - 1
+        if not 0 <= layer < min(config.num_encoder_layers, config.num_decoder_layers):
+            raise UsageError(f"--plot-layer {layer} is outside the model's layers")
+        if not 0 <= args.plot_head < config.num_heads or not 0 <= args.plot_row < src.shape[0]:
+            raise UsageError("--plot-head or --plot-row is outside the model's heads or the batch")
+        plots = plot_attention(report, args.plot, layer, args.plot_head, args.plot_row)
+    if args.json:
+        print(
+            json.dumps(
+                {**report.to_json(), "model": source, "plots": [str(p) for p in plots]}, indent=2
+            )
+        )
+    else:
+        print(f"model: {source}")
+        print(
+            f"inputs: batch {src.shape[0]}, source length {src.shape[1]}, target length {tgt_in.shape[1]}"
+            + (f" from {args.inputs}" if args.inputs else ", ragged padding")
+        )
+        for name, reason in report.skipped.items():
+            print(f"skipped {name}: {reason}")
+        print()
+        if report.runs:
+            print(format_table(report))
+            print()
+        for path in plots:
+            print(f"wrote {path}")
+        print(summary_line(report))
+    if not report.runs:
+        return EXIT_FAILURE
+    return EXIT_OK if report.passed else EXIT_FAILURE
+
+
+def add_model_arguments(p: argparse.ArgumentParser, default_preset: str | None) -> None:
+    which = p.add_argument_group("model")
+    which.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help=f"a built-in config{f' (default: {default_preset})' if default_preset else ''}",
+    )
+    which.add_argument("--config", metavar="FILE.json", help="your own config as JSON")
+    which.add_argument(
+        "--weights",
+        metavar="FILE.safetensors",
+        help="weights in the shared format (its config is used; a --preset/--config "
+        "given too must match it)",
+    )
+    which.add_argument(
+        "--seed", type=int, default=0, help="seed for random weights and inputs (default 0)"
+    )
+
+
+def add_parity(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "parity",
+        help="run every framework on identical weights and inputs and compare them, number by number",
+        description=(
+            "Build identical weights (from --seed or --weights) and identical ragged inputs, run "
+            "every requested framework that is installed, and compare the encoder output, the "
+            "logits (explicit and fused attention paths) and every attention map of every layer "
+            "against the NumPy float64 oracle and between each pair of frameworks. Prints one row "
+            "per quantity with max abs / max rel differences, the tolerance and pass/fail. "
+            "Exit 0 if all pass, 1 on any failure, 2 on bad input."
+        ),
+        epilog=(
+            "max rel is max|a - b| / max|b|, relative to the reference's scale.\n"
+            "examples:\n  rosetta parity\n  rosetta parity --dtype float64 --frameworks torch,jax\n"
+            "  rosetta parity --weights model.safetensors --inputs batch.npz --json\n"
+            "  rosetta parity --plot plots/"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(p, default_preset="tiny")
+    p.add_argument(
+        "--frameworks",
+        type=frameworks_arg,
+        default=list(FRAMEWORKS),
+        metavar="LIST",
+        help=f"comma-separated, from {','.join(FRAMEWORKS)} (default: all)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64", "bfloat16"],
+        help="compute dtype of the frameworks (default float32); the oracle is float64",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "gpu", "all"],
+        help="cpu, the first gpu of each framework, or every device (default cpu)",
+    )
+    data = p.add_argument_group("inputs")
+    data.add_argument("--batch", type=positive_int, default=4, help="rows (default 4)")
+    data.add_argument("--src-len", type=positive_int, default=9, help="source length (default 9)")
+    data.add_argument("--tgt-len", type=positive_int, default=7, help="target length (default 7)")
+    data.add_argument(
+        "--inputs",
+        metavar="FILE.npz",
+        help="your own ids: keys src [batch, S] and tgt [batch, T] (the decoder input, "
+        "starting with BOS), pad = the config's pad_id",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    out.add_argument("--plot", metavar="DIR", help="write attention heatmaps (PNG) to DIR")
+    out.add_argument(
+        "--plot-layer", type=int, metavar="L", help="layer to plot (default: the last)"
+    )
+    out.add_argument(
+        "--plot-head", type=int, default=0, metavar="H", help="head to plot (default 0)"
+    )
+    out.add_argument(
+        "--plot-row",
+        type=int,
+        default=1,
+        metavar="B",
+        help="batch row to plot (default 1: a row with padding)",
+    )
+    p.set_defaults(run=run_parity_command)
+
+
+# -- forward ----------------------------------------------------------------------------------
+
+
+def run_forward_command(args: argparse.Namespace) -> int:
+    from common.parity import resolve_devices
+
+    config, weights, _ = config_and_weights(args, default_preset=None)
+    src, tgt_in = check_inputs(config, load_ids(args.src, "--src"), load_ids(args.tgt, "--tgt"))
+    backend = get_backend(args.framework)
+    if args.dtype not in backend.dtypes:
+        raise UsageError(
+            f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
+        )
+    devices = resolve_devices(args.framework, backend.devices(), args.device)
+    if not devices:
+        raise UsageError(f"no {args.device} device is visible to {args.framework}")
+    out_path = Path(args.out)
+    if not out_path.parent.is_dir():
+        raise UsageError(f"--out: folder {out_path.parent} does not exist")
+    model = backend.build(config, weights, dtype=args.dtype, device=devices[0])
+    arrays = model.forward(src, tgt_in, attention=not args.no_attention).named()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    atomic_write(out_path, write)
+    summary = {
+        "framework": backend.version(),
+        "device": devices[0],
+        "dtype": args.dtype,
+        "out": str(out_path),
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"wrote {out_path}: {len(arrays)} arrays ({', '.join(list(arrays)[:3])}"
+            f"{', ...' if len(arrays) > 3 else ''}) from {backend.version()} on {devices[0]}, {args.dtype}"
+        )
+    return EXIT_OK
+
+
+def add_forward(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "forward",
+        help="run one framework on your ids and save logits, encoder output and attentions (.npz)",
+        description=(
+            "Run one framework (or the numpy oracle) on token ids you give, and write the logits, "
+            "the encoder output and every attention map to one .npz under the canonical names of "
+            "docs/PARITY.md, to compare our numbers with an implementation of your own."
+        ),
+        epilog="example:\n  rosetta forward --framework torch --weights m.safetensors --src src.npy "
+        "--tgt tgt.npy --out out.npz",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--framework", required=True, choices=list(FRAMEWORKS))
+    p.add_argument(
+        "--weights", required=True, metavar="FILE.safetensors", help="weights in the shared format"
+    )
+    p.add_argument("--src", required=True, metavar="SRC.npy", help="source ids, integer [batch, S]")
+    p.add_argument(
+        "--tgt",
+        required=True,
+        metavar="TGT.npy",
+        help="decoder input ids, integer [batch, T], starting with BOS",
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument(
+        "--no-attention",
+        action="store_true",
+        help="skip the attention maps (takes the fused attention path)",
+    )
+    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write the arrays")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.set_defaults(run=run_forward_command, seed=0)
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 
@@ -150,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 a parity or threshold failure, 2 bad input.",
     )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+    add_parity(sub)
+    add_forward(sub)
     add_inspect(sub)
     return parser
 
