@@ -1,7 +1,9 @@
 """Forward-pass speed of jax_impl against a peer built from Flax's own layers, side by side.
 
-Workload: the base model with a 32000-token vocabulary, batch 8, source and target length 128
-with ragged padding, float32, CPU, eval mode, jitted. Contenders, timed in alternation:
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config and
+workload; `main()` runs the issues' one: the base model with a 32000-token vocabulary, batch 8,
+source and target length 128 with ragged padding. Always float32, CPU, eval mode, jitted.
+Contenders, timed in alternation:
 - ours without attention outputs (jax.nn.dot_product_attention),
 - ours with attention outputs (explicit probabilities, returned for every layer),
 - the peer: the same post-norm encoder-decoder assembled from nnx.MultiHeadAttention,
@@ -13,33 +15,26 @@ with ragged padding, float32, CPU, eval mode, jitted. Contenders, timed in alter
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import flax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.harness import (  # noqa: E402
-    BASE_WORKLOAD,
-    base_benchmark_config,
-    forward_flops,
-    matmul_flops,
-    report_line,
-    time_side_by_side,
-)
+from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
 from common.config import TransformerConfig  # noqa: E402
 from common.init import init_weights  # noqa: E402
 from common.inputs import ragged_batch  # noqa: E402
 from jax_impl.model import causal_mask, key_padding_mask, sinusoidal_positions  # noqa: E402
 from jax_impl.weights import from_canonical, to_canonical  # noqa: E402
 
-MATMUL_N = 2048
+WARMUP = 1  # one round: the first call of each jitted contender compiles it
 
 
 # -- the peer: Flax's own layers, wired as the paper's post-norm model ------------------------
@@ -88,24 +83,50 @@ class Peer(nnx.Module):
     def __init__(self, c: TransformerConfig, rngs: nnx.Rngs):
         self.c = c
         self.embed = nnx.Embed(c.src_vocab_size, c.d_model, rngs=rngs)
+        # The paper shares one table and ties the output to it (section 3.4); a config that does
+        # not gets its own target table and output Linear, so that any config's vocabularies run.
+        self.tgt_embed = (
+            None if c.share_embeddings else nnx.Embed(c.tgt_vocab_size, c.d_model, rngs=rngs)
+        )
+        self.output = None if c.tie_output else nnx.Linear(c.d_model, c.tgt_vocab_size, rngs=rngs)
         self.encoder = nnx.List([PeerEncoderLayer(c, rngs) for _ in range(c.num_encoder_layers)])
         self.decoder = nnx.List([PeerDecoderLayer(c, rngs) for _ in range(c.num_decoder_layers)])
 
-    def _embed(self, ids):
+    def _embed(self, table, ids):
         pe = sinusoidal_positions(ids.shape[1], self.c.d_model, "interleaved")
-        return self.embed(ids) * self.c.d_model**0.5 + jnp.asarray(pe, jnp.float32)
+        return table(ids) * self.c.d_model**0.5 + jnp.asarray(pe, jnp.float32)
 
     def __call__(self, src, tgt_in):
         src_mask = key_padding_mask(src, self.c.pad_id)
-        x = self._embed(src)
+        tgt_table = self.embed if self.tgt_embed is None else self.tgt_embed
+        x = self._embed(self.embed, src)
         for layer in self.encoder:
             x = layer(x, src_mask)
         self_mask = key_padding_mask(tgt_in, self.c.pad_id).at[..., 0].set(True)
         self_mask = self_mask & causal_mask(tgt_in.shape[1])
-        y = self._embed(tgt_in)
+        y = self._embed(tgt_table, tgt_in)
         for layer in self.decoder:
             y = layer(y, x, self_mask, src_mask)
-        return self.embed.attend(y)
+        return tgt_table.attend(y) if self.output is None else self.output(y)
+
+
+def peer_matches(c: TransformerConfig) -> bool:
+    """Whether the peer computes our function for `c`: the paper's post-norm base architecture.
+
+    Only then can it hold our canonical weights (peer_from_canonical) and its logits be compared.
+    """
+    return (
+        c.norm_position == "post"
+        and not c.final_norm
+        and c.activation == "relu"
+        and c.position_kind == "sinusoidal"
+        and c.sinusoid_layout == "interleaved"
+        and c.scale_embeddings
+        and c.share_embeddings
+        and c.tie_output
+        and not c.output_bias
+        and c.attention_bias
+    )
 
 
 def peer_from_canonical(c: TransformerConfig, w: dict[str, np.ndarray]) -> Peer:
@@ -159,21 +180,42 @@ def jitted(model: nnx.Module, src: jax.Array, tgt_in: jax.Array, **kwargs):
     return lambda: jax.block_until_ready(run(state, src, tgt_in))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+PEER = (
+    "Flax built-in layers (nnx.MultiHeadAttention, nnx.Linear, nnx.LayerNorm, nnx.Embed), "
+    "jitted like ours"
+)
+LABELS = {
+    "ours": "ours (fused attention)",
+    "ours_attention": "ours (attention outputs)",
+    "peer": "peer (nnx.MultiHeadAttention)",
+    "matmul": f"matmul {MATMUL_N}^2",
+}
 
-    c = base_benchmark_config()
-    b, s_len, t_len = BASE_WORKLOAD["batch"], BASE_WORKLOAD["src_len"], BASE_WORKLOAD["tgt_len"]
-    src, tgt_in = ragged_batch(c, b, s_len, t_len, seed=0)
+
+def measure(
+    config: TransformerConfig,
+    batch: int,
+    src_len: int,
+    tgt_len: int,
+    repeats: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Median forward times of ours, ours with attention outputs, the peer and the matmul, in one run.
+
+    The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
+    vocabularies are the config's). When the config is the peer's architecture (`peer_matches`)
+    the peer holds our weights and the result also carries the largest logit gap between the two.
+    """
+    c = config
+    src, tgt_in = ragged_batch(c, batch, src_len, tgt_len, seed=0)
+    has_source = (src != c.pad_id).any(axis=1)  # rows whose encoder sees at least one token
     src, tgt_in = jnp.asarray(src, jnp.int32), jnp.asarray(tgt_in, jnp.int32)
 
     weights = init_weights(c, seed=0, scheme="perturbed", dtype="float32")
     ours = from_canonical(c, weights, "float32")
     ours.eval()
-    peer = peer_from_canonical(c, to_canonical(ours))
+    same_function = peer_matches(c)
+    peer = peer_from_canonical(c, to_canonical(ours)) if same_function else Peer(c, nnx.Rngs(0))
 
     fused = jitted(ours, src, tgt_in)
     explicit = jitted(ours, src, tgt_in, return_probs=True)
@@ -181,50 +223,43 @@ def main(argv: list[str] | None = None) -> dict:
     a = jax.random.normal(jax.random.key(0), (MATMUL_N, MATMUL_N), jnp.float32)
     matmul = jax.jit(jnp.matmul)
 
-    # The peer computes the same function, up to float32 summation order, except on the last row:
-    # its source is all padding, where Flax's attention averages every value and ours gives 0.
-    gap = float(jnp.max(jnp.abs(fused()["logits"][:-1] - peer_run()[:-1])))
+    # The peer computes the same function, up to float32 summation order, except on rows whose
+    # source is all padding, where Flax's attention averages every value and ours gives 0.
+    gap = None
+    if same_function and has_source.any():
+        rows = np.flatnonzero(has_source)
+        gap = float(jnp.max(jnp.abs(fused()["logits"][rows] - peer_run()[rows])))
 
-    times = time_side_by_side(
+    times = alternate(
+        "jax",
         {
-            "ours (fused attention)": fused,
-            "ours (attention outputs)": explicit,
-            "peer (nnx.MultiHeadAttention)": peer_run,
-            "matmul 2048^2": lambda: matmul(a, a).block_until_ready(),
+            "ours": fused,
+            "ours_attention": explicit,
+            "peer": peer_run,
+            "matmul": lambda: matmul(a, a).block_until_ready(),
         },
-        repeats=args.repeats,
-        warmup=1,
-        progress=not args.json,
+        repeats,
+        WARMUP,
+        progress,
     )
-    ceiling = matmul_flops(MATMUL_N) / times["matmul 2048^2"] / 1e9
-    flops = forward_flops(c, b, s_len, t_len)
-    result = {
-        "device": str(jax.devices()[0]),
-        "jax": jax.__version__,
-        "workload": {**BASE_WORKLOAD, "vocab": c.tgt_vocab_size, "dtype": "float32"},
-        "median_s": times,
-        "ratio_ours_over_peer": times["ours (fused attention)"]
-        / times["peer (nnx.MultiHeadAttention)"],
-        "ratio_with_attention_over_peer": times["ours (attention outputs)"]
-        / times["peer (nnx.MultiHeadAttention)"],
-        "matmul_gflops": ceiling,
-        "forward_gflop": flops / 1e9,
-        "max_abs_logit_gap_vs_peer": gap,
-    }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return result
-    print(f"jax {jax.__version__} on {result['device']}, base model, vocab 32000, batch {b},")
-    print(f"src/tgt {s_len}/{t_len} ragged, float32, eval, jitted, median of {args.repeats}")
-    for name, seconds in times.items():
-        work = matmul_flops(MATMUL_N) if name.startswith("matmul") else flops
-        print(report_line(name, seconds, work, ceiling))
-    print(
-        f"ratio ours/peer (fused):            {result['ratio_ours_over_peer']:.3f} (target <= 1.15)"
+    return summarise(
+        framework="jax",
+        version=f"jax {jax.__version__}, flax {flax.__version__}",
+        peer=PEER,
+        labels=LABELS,
+        times=times,
+        config=c,
+        batch=batch,
+        src_len=src_len,
+        tgt_len=tgt_len,
+        repeats=repeats,
+        workload={"jax_device": str(jax.devices()[0]), "compiler": "jax.jit"},
+        extra={"max_abs_logit_gap_vs_peer": gap},
     )
-    print(f"ratio ours/peer (attention outputs): {result['ratio_with_attention_over_peer']:.3f}")
-    print(f"max |logits ours - peer| (rows with a source): {gap:.2e}")
-    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return module_main("jax", measure, argv, default_repeats=5, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Forward speed of tf_impl against a peer built from stock Keras layers, both XLA-compiled.
 
-Workload: the base model with a 32000-token vocabulary, batch 8, source and target length 128
-with ragged padding, float32, eval mode, on the CPU. Contenders, timed in alternation:
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config and
+workload; `main()` runs the issues' one: the base model with a 32000-token vocabulary, batch 8,
+source and target length 128 with ragged padding. Always float32, eval mode, on the CPU.
+Contenders, timed in alternation:
 - ours, fused attention (keras.ops.dot_product_attention), no attention maps returned;
 - ours, explicit attention, returning every probability map;
 - the peer: the same post-norm encoder-decoder assembled from keras.layers.MultiHeadAttention,
@@ -13,10 +15,9 @@ with ragged padding, float32, eval mode, on the CPU. Contenders, timed in altern
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -25,21 +26,14 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
-from benchmarks.harness import (  # noqa: E402
-    BASE_WORKLOAD,
-    base_benchmark_config,
-    forward_flops,
-    matmul_flops,
-    report_line,
-    time_side_by_side,
-)
+from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
 from common.config import TransformerConfig  # noqa: E402
 from common.init import init_weights  # noqa: E402
 from common.inputs import ragged_batch  # noqa: E402
 from tf_impl.model import decoder_self_mask, padding_mask, sinusoidal_positions  # noqa: E402
 from tf_impl.weights import load_canonical, new_model  # noqa: E402
 
-MATMUL_N = 2048
+WARMUP = 2
 
 
 class PeerEncoderLayer(layers.Layer):
@@ -78,19 +72,26 @@ class PeerDecoderLayer(layers.Layer):
 
 
 class PeerTransformer(keras.Model):
-    """The base Transformer from stock Keras layers (post-norm, shared and tied embeddings)."""
+    """The base Transformer from stock Keras layers (post-norm; embeddings shared and tied as the
+    config says, as in the paper by default)."""
 
     def __init__(self, c: TransformerConfig, **kwargs) -> None:
         super().__init__(**kwargs)
         self.c = c
         self.embedding = layers.Embedding(c.src_vocab_size, c.d_model)
+        # The paper shares one table and ties the output to it (section 3.4); a config that does
+        # not gets its own target table and output Dense, so that any config's vocabularies run.
+        self.tgt_embedding = (
+            None if c.share_embeddings else layers.Embedding(c.tgt_vocab_size, c.d_model)
+        )
+        self.output_dense = None if c.tie_output else layers.Dense(c.tgt_vocab_size)
         self.encoder_layers = [PeerEncoderLayer(c) for _ in range(c.num_encoder_layers)]
         self.decoder_layers = [PeerDecoderLayer(c) for _ in range(c.num_decoder_layers)]
 
-    def embed(self, ids):
+    def embed(self, table, ids):
         length = ids.shape[1]
         positions = sinusoidal_positions(length, self.c.d_model, self.c.sinusoid_layout, "float32")
-        return self.embedding(ids) * math.sqrt(self.c.d_model) + positions[None]
+        return table(ids) * math.sqrt(self.c.d_model) + positions[None]
 
     def call(self, src, tgt_in):
         # Keras MHA takes [B, T, S] masks (True = attend): the same masks as ours, broadcast.
@@ -99,27 +100,43 @@ class PeerTransformer(keras.Model):
         encoder_mask = ops.broadcast_to(src_mask, (batch, s, s))
         memory_mask = ops.broadcast_to(src_mask, (batch, t, s))
         self_mask = decoder_self_mask(tgt_in, self.c.pad_id)[:, 0]  # (B, T, T)
-        x = self.embed(src)
+        tgt_table = self.embedding if self.tgt_embedding is None else self.tgt_embedding
+        x = self.embed(self.embedding, src)
         for layer in self.encoder_layers:
             x = layer(x, encoder_mask)
-        memory, y = x, self.embed(tgt_in)
+        memory, y = x, self.embed(tgt_table, tgt_in)
         for layer in self.decoder_layers:
             y = layer(y, memory, self_mask, memory_mask)
-        return ops.matmul(y, ops.transpose(self.embedding.embeddings))
+        if self.output_dense is not None:
+            return self.output_dense(y)
+        return ops.matmul(y, ops.transpose(tgt_table.embeddings))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args(argv)
+PEER = (
+    "Keras built-in layers (keras.layers.MultiHeadAttention, Dense, LayerNormalization, "
+    "Embedding), XLA-compiled like ours"
+)
+LABELS = {
+    "ours": "ours (fused attention)",
+    "ours_attention": "ours (explicit, attention maps out)",
+    "peer": "peer (keras.layers.MultiHeadAttention)",
+    "matmul": f"matmul {MATMUL_N}x{MATMUL_N} float32",
+}
 
-    config = base_benchmark_config()
-    batch, src_len, tgt_len = (
-        BASE_WORKLOAD["batch"],
-        BASE_WORKLOAD["src_len"],
-        BASE_WORKLOAD["tgt_len"],
-    )
+
+def measure(
+    config: TransformerConfig,
+    batch: int,
+    src_len: int,
+    tgt_len: int,
+    repeats: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Median forward times of ours, ours with attention maps, the peer and the matmul, in one run.
+
+    The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
+    vocabularies are the config's); every contender is one XLA program on the CPU.
+    """
     src_np, tgt_np = ragged_batch(config, batch, src_len, tgt_len, seed=0)
 
     with tf.device("/CPU:0"):
@@ -142,41 +159,30 @@ def main(argv: list[str] | None = None) -> int:
         )
         matmul_fn = tf.function(lambda: tf.matmul(a, b), jit_compile=True)
         contenders = {
-            "ours (fused attention)": fused,
-            "ours (explicit, attention maps out)": lambda: explicit_fn(src, tgt_in)["logits"][
-                0, 0, 0
-            ].numpy(),
-            "peer (keras.layers.MultiHeadAttention)": compiled(lambda s, t: peer(s, t)),
-            f"matmul {MATMUL_N}x{MATMUL_N} float32": lambda: matmul_fn()[0, 0].numpy(),
+            "ours": fused,
+            "ours_attention": lambda: explicit_fn(src, tgt_in)["logits"][0, 0, 0].numpy(),
+            "peer": compiled(lambda s, t: peer(s, t)),
+            "matmul": lambda: matmul_fn()[0, 0].numpy(),
         }
-        times = time_side_by_side(contenders, repeats=args.repeats, progress=not args.json)
+        times = alternate("tf", contenders, repeats, WARMUP, progress)
 
-    flops = forward_flops(config, batch, src_len, tgt_len)
-    names = list(contenders)
-    ceiling = matmul_flops(MATMUL_N) / times[names[3]] / 1e9
-    ratio = times[names[0]] / times[names[2]]
-    result = {
-        "device": "cpu",
-        "workload": {**BASE_WORKLOAD, "dtype": "float32", "vocab": config.tgt_vocab_size},
-        "median_seconds": times,
-        "forward_gflop": flops / 1e9,
-        "matmul_gflops": ceiling,
-        "ratio_ours_over_peer": ratio,
-        "ratio_explicit_over_peer": times[names[1]] / times[names[2]],
-        "versions": {"keras": keras.__version__, "tensorflow": tf.__version__},
-    }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(
-        f"base config, vocab {config.tgt_vocab_size}, batch {batch}, src/tgt {src_len}/{tgt_len} "
-        f"ragged, float32, CPU, XLA (keras {keras.__version__}, tensorflow {tf.__version__})"
+    return summarise(
+        framework="tf",
+        version=f"keras {keras.__version__} / tensorflow {tf.__version__}",
+        peer=PEER,
+        labels=LABELS,
+        times=times,
+        config=config,
+        batch=batch,
+        src_len=src_len,
+        tgt_len=tgt_len,
+        repeats=repeats,
+        workload={"compiler": "XLA (jit_compile=True)"},
     )
-    for name in names[:3]:
-        print(report_line(name, times[name], flops, ceiling))
-    print(f"{names[3]:<40s} {times[names[3]] * 1e3:9.1f} ms  {ceiling:8.1f} GFLOP/s  (ceiling)")
-    print(f"ratio ours/peer (fused):    {ratio:.3f}  (target <= 1.15)")
-    print(f"ratio ours/peer (explicit): {result['ratio_explicit_over_peer']:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    module_main("tf", measure, argv, default_repeats=7, description=__doc__.split("\n")[0])
     return 0
 
 

@@ -1,51 +1,45 @@
 """Forward-pass speed of torch_impl against torch.nn.Transformer, side by side on the CPU.
 
-Workload: the base model with a 32000-token vocabulary, batch 8, source and target length 128
-with ragged padding, float32, eval mode under torch.inference_mode. Contenders, timed in
-alternation (benchmarks/harness.py): ours on the fused SDPA path, ours returning every attention
-map (explicit path), the peer (nn.Transformer with the same embeddings, sinusoids, masks and
-output projection), and a 2048 x 2048 matmul as the machine's ceiling.
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config and
+workload; `main()` runs the issues' one: the base model with a 32000-token vocabulary, batch 8,
+source and target length 128 with ragged padding. Always float32, eval mode under
+torch.inference_mode. Contenders, timed in alternation (benchmarks/harness.py): ours on the fused
+SDPA path, ours returning every attention map (explicit path), the peer (nn.Transformer with the
+same embeddings, sinusoids, masks and output projection), and a 2048 x 2048 matmul as the
+machine's ceiling.
 
     python -m benchmarks.bench_torch_impl_forward [--repeats N] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from benchmarks.harness import (
-    BASE_WORKLOAD,
-    base_benchmark_config,
-    forward_flops,
-    matmul_flops,
-    report_line,
-    time_side_by_side,
-)
+from benchmarks.suite import MATMUL_N, alternate, module_main, summarise
 from common.config import TransformerConfig
 from common.init import init_weights
 from common.inputs import ragged_batch
 from torch_impl.model import Transformer, sinusoidal_positions
 from torch_impl.weights import load_canonical
 
-MATMUL_N = 2048
+WARMUP = 2
 
 
 class Peer(nn.Module):
     """torch.nn.Transformer as its users write it: scaled nn.Embedding + the same sinusoids, then
     an output nn.Linear. nn.Transformer takes masks as True = *masked*: inverted here only."""
 
-    def __init__(self, c: TransformerConfig) -> None:
+    def __init__(self, c: TransformerConfig, length: int) -> None:
         super().__init__()
         self.c = c
         self.src_embedding = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embedding = nn.Embedding(c.tgt_vocab_size, c.d_model)
-        self.register_buffer("pe", sinusoidal_positions(c.max_len, c.d_model).float())
+        self.register_buffer("pe", sinusoidal_positions(length, c.d_model).float())
         self.transformer = nn.Transformer(
             d_model=c.d_model,
             nhead=c.num_heads,
@@ -79,24 +73,36 @@ class Peer(nn.Module):
         return self.output(y)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+PEER = "torch.nn.Transformer + nn.Embedding + output nn.Linear (eval, its nested-tensor fast path)"
+LABELS = {
+    "ours": "ours (fused SDPA)",
+    "ours_attention": "ours (attention maps returned)",
+    "peer": "peer nn.Transformer",
+    "matmul": f"matmul {MATMUL_N}x{MATMUL_N}",
+}
 
+
+def measure(
+    config: TransformerConfig,
+    batch: int,
+    src_len: int,
+    tgt_len: int,
+    repeats: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Median forward times of ours, ours with attention maps, the peer and the matmul, in one run.
+
+    The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
+    vocabularies are the config's); the timing is eval mode under torch.inference_mode.
+    """
     # nn.Transformer's encoder fast path packs the padded source into a nested tensor (its
     # default, kept: it is the peer as its users run it) and warns that the API is a prototype.
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     torch.manual_seed(0)
-    c = base_benchmark_config()
-    w = BASE_WORKLOAD
-    ours = Transformer(c).eval()
-    load_canonical(ours, {k: torch.from_numpy(v) for k, v in init_weights(c, 0).items()})
-    peer = Peer(c).eval()
-    src, tgt = (
-        torch.from_numpy(a) for a in ragged_batch(c, w["batch"], w["src_len"], w["tgt_len"])
-    )
+    ours = Transformer(config).eval()
+    load_canonical(ours, {k: torch.from_numpy(v) for k, v in init_weights(config, 0).items()})
+    peer = Peer(config, max(config.max_len, src_len, tgt_len)).eval()
+    src, tgt = (torch.from_numpy(a) for a in ragged_batch(config, batch, src_len, tgt_len))
     a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
 
     def ours_fused() -> Tensor:
@@ -108,35 +114,32 @@ def main(argv: list[str] | None = None) -> dict:
         return ours.logits(y)
 
     contenders = {
-        "ours (fused SDPA)": ours_fused,
-        "ours (attention maps returned)": ours_with_attention,
-        "peer nn.Transformer": lambda: peer(src, tgt),
-        f"matmul {MATMUL_N}x{MATMUL_N}": lambda: a @ b,
+        "ours": ours_fused,
+        "ours_attention": ours_with_attention,
+        "peer": lambda: peer(src, tgt),
+        "matmul": lambda: a @ b,
     }
     with torch.inference_mode():
-        times = time_side_by_side(contenders, repeats=args.repeats, progress=not args.json)
+        times = alternate("torch", contenders, repeats, WARMUP, progress)
+    return summarise(
+        framework="torch",
+        version=f"torch {torch.__version__}",
+        peer=PEER,
+        labels=LABELS,
+        times=times,
+        config=config,
+        batch=batch,
+        src_len=src_len,
+        tgt_len=tgt_len,
+        repeats=repeats,
+        workload={"threads": torch.get_num_threads()},
+    )
 
-    flops = forward_flops(c, w["batch"], w["src_len"], w["tgt_len"])
-    ceiling = matmul_flops(MATMUL_N) / times[f"matmul {MATMUL_N}x{MATMUL_N}"] / 1e9
-    peer_time = times["peer nn.Transformer"]
-    result = {
-        "workload": {**w, "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads()},
-        "torch": torch.__version__,
-        "median_s": times,
-        "matmul_gflops": ceiling,
-        "ratio_ours_over_peer": times["ours (fused SDPA)"] / peer_time,
-        "ratio_ours_with_attention_over_peer": times["ours (attention maps returned)"] / peer_time,
-    }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return result
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {w}, float32, cpu")
-    for name, seconds in times.items():
-        work = matmul_flops(MATMUL_N) if name.startswith("matmul") else flops
-        print(report_line(name, seconds, work, ceiling))
-    print(f"ours / peer (fused):          {result['ratio_ours_over_peer']:.3f}  (target <= 1.15)")
-    print(f"ours / peer (attention maps): {result['ratio_ours_with_attention_over_peer']:.3f}")
-    return result
+
+def main(argv: list[str] | None = None) -> dict:
+    return module_main(
+        "torch", measure, argv, default_repeats=7, description=__doc__.split("\n\n")[0]
+    )
 
 
 if __name__ == "__main__":

@@ -145,6 +145,65 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "config": config_table,
 }
 
+# -- docs/PARITY.md: the tolerance table, regenerated from `rosetta parity --json` reports -------
+
+PARITY_DOC = DOC.parent / "PARITY.md"
+MEASUREMENTS = DOC.parent / "parity_measurements.json"
+MEASURED_DTYPES = ("float64", "float32", "bfloat16")
+
+
+def measure_parity() -> list[dict]:
+    """`rosetta parity --json` for each dtype on the default inputs (tiny preset, seed 0)."""
+    import contextlib
+    import io
+    import json
+
+    from common.cli import main as rosetta
+
+    reports = []
+    for dtype in MEASURED_DTYPES:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rosetta(["parity", "--dtype", dtype, "--json"])
+        reports.append(json.loads(out.getvalue()))
+    return reports
+
+
+def parity_table(reports: list[dict] | None = None) -> str:
+    """Per dtype: the bound, and per framework the largest difference from the oracle over every
+    compared quantity, and the largest between any two frameworks."""
+    import json
+
+    from common.tolerances import ATOL
+
+    if reports is None:
+        reports = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else []
+    frameworks = sorted(
+        {r["framework"] for rep in reports for r in rep["runs"]},
+        key=lambda f: ("torch", "tf", "jax").index(f) if f in ("torch", "tf", "jax") else 9,
+    )
+    header = "| dtype | bound (max abs) | " + " | ".join(f"{f} vs oracle" for f in frameworks)
+    lines = [header + " | largest pair |", "|---" * (len(frameworks) + 3) + "|"]
+    by_dtype = {rep["dtype"]: rep for rep in reports}
+    for dtype in ATOL:
+        rep = by_dtype.get(dtype)
+        cells = []
+        for f in frameworks:
+            worst = [
+                c["max_abs"]
+                for c in (rep or {}).get("comparisons", [])
+                if c["left"] == f and c["right"] == "numpy"
+            ]
+            cells.append(f"{max(worst):.1e}" if worst else "not measured")
+        pairs = [c["max_abs"] for c in (rep or {}).get("comparisons", []) if c["right"] != "numpy"]
+        pair = f"{max(pairs):.1e}" if pairs else "not measured"
+        lines.append(f"| {dtype} | {ATOL[dtype]:g} | " + " | ".join(cells) + f" | {pair} |")
+    return "\n".join(lines)
+
+
+PARITY_GENERATORS: dict[str, Callable[[], str]] = {"tolerances": parity_table}
+DOCUMENTS = {DOC: GENERATORS, PARITY_DOC: PARITY_GENERATORS}
+
 
 def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
     """`text` with every generated block replaced by its generator's current output."""
@@ -154,21 +213,34 @@ def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> 
             re.S,
         )
         if not pattern.search(text):
-            raise ValueError(f"{DOC}: no generated block named {key!r}")
+            raise ValueError(f"no generated block named {key!r}")
         text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
     return text
 
 
 def main(argv: list[str]) -> int:
-    current = DOC.read_text()
-    fresh = render(current)
-    if "--check" in argv:
+    """`--check`: exit 1 if a doc is stale. `--measure`: first run `rosetta parity --json` for
+    each dtype and save the reports to docs/parity_measurements.json."""
+    if "--measure" in argv:
+        import json
+
+        from common.format import atomic_write
+
+        text = json.dumps(measure_parity(), indent=1)
+        atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {MEASUREMENTS}")
+    stale = []
+    for doc, generators in DOCUMENTS.items():
+        current = doc.read_text()
+        fresh = render(current, generators)
         if fresh != current:
-            print(f"{DOC} is stale: run python -m common.docs", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(fresh)
-    print(f"wrote {DOC}")
+            stale.append(doc)
+            if "--check" not in argv:
+                doc.write_text(fresh)
+                print(f"wrote {doc}")
+    if "--check" in argv and stale:
+        print(f"stale: {', '.join(map(str, stale))}: run python -m common.docs", file=sys.stderr)
+        return 1
     return 0
 
 
