@@ -62,7 +62,8 @@ _SWITCHES = {
 
 
 def _template(name: str) -> str:
-    return re.sub(r"\.layers\.0\.", ".layers.{i}.", name)
+    """Layer 0's name with its index as {i}, in any framework's spelling (".0.", "/0/", "[0]")."""
+    return re.sub(r"layers(\.|/|\[)0(\.|/|\])", r"layers\1{i}\2", name)
 
 
 def _names(**changes: object) -> dict[str, tuple[int, ...]]:
@@ -138,7 +139,49 @@ def _json(value: object) -> str:
     )
 
 
+def native_names_table() -> str:
+    """Canonical name -> each framework's own name, and the torch shape (the only framework whose
+    layout differs: nn.Linear stores [out, in], and attention heads are merged into one axis)."""
+    import importlib
+
+    from common.backends import native_stderr_silenced
+
+    with native_stderr_silenced():
+        maps = {
+            label: importlib.import_module(f"{pkg}.weights").native_name_map
+            for label, pkg in (
+                ("PyTorch state_dict", "torch_impl"),
+                ("Keras variable path", "tf_impl"),
+                ("Flax NNX state path", "jax_impl"),
+            )
+        }
+        from torch_impl.weights import native_shape
+    configs = [
+        TransformerConfig(**{**_PROBE, **_MAXIMAL}),
+        TransformerConfig(**{**_PROBE, "tgt_vocab_size": _PROBE["src_vocab_size"]}),  # shared
+    ]
+    rows: dict[str, list[str]] = {}
+    for config in configs:
+        names = {label: m(config) for label, m in maps.items()}
+        for spec in canonical_specs(config):
+            key = _template(spec.name)
+            if key in rows:
+                continue
+            torch_shape = "[" + ", ".join(_SYMBOLS.get(d, str(d)) for d in native_shape(spec)) + "]"
+            if spec.role == "bias" and len(spec.shape) == 2:
+                torch_shape = "[h*d_k] (heads merged)"
+            elif spec.role == "kernel":
+                merged = " (heads merged, transposed)" if len(spec.shape) == 3 else " (transposed)"
+                torch_shape += merged
+            rows[key] = [_template(names[label][spec.name]) for label in maps] + [torch_shape]
+    header = "| canonical | " + " | ".join(maps) + " | torch shape |"
+    lines = [header, "|---" * (len(maps) + 2) + "|"]
+    lines += [f"| `{k}` | " + " | ".join(f"`{v}`" for v in vals) + " |" for k, vals in rows.items()]
+    return "\n".join(lines)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "native_names": native_names_table,
     "names": names_table,
     "metadata": metadata_table,
     "dtypes": dtype_table,

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from common import docs
+from common.backends import unavailable_reason
 from common.config import TransformerConfig
 from common.names import canonical_specs
 
 
 def test_generated_tables_are_current():
+    # The native-name table is printed from each framework's weights.py.
+    missing = {n: r for n in ("torch", "tf", "jax") if (r := unavailable_reason(n))}
+    if missing:
+        pytest.skip(f"the native-name table needs every framework: {missing}")
     for doc, generators in docs.DOCUMENTS.items():
         text = doc.read_text()
         assert docs.render(text, generators) == text, f"{doc} is stale: run python -m common.docs"
