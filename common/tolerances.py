@@ -6,6 +6,26 @@ max |ours - oracle| <= atol, per compared array. Justified in docs/PARITY.md:
   still catches any real bug, which shows up at 1e-3 or more.
 - float32: unit roundoff 6e-8, times a few dozen accumulated operations on O(1) values in tiny
   configs, gives ~1e-6; 1e-5 is the bound Hugging Face found every real bug above.
+- float32_base: float32 at the paper's base sizes (d_model 512, d_ff 2048, 6 + 6 layers). The
+  inner products are 512 and 2048 long instead of 12 and 20, and the depth is 6 * 2 + 6 * 3 + 1 =
+  31 rounding stages instead of 8, so the error may grow by sqrt(2048 / 20) * sqrt(31 / 8) ~ 20
+  over the tiny configs' ~1e-6 (LayerNorm keeps the values O(1), so it does not compound).
+  Measured (CPU, vocabulary cut to 4000, batch 3 of 24 source / 20 target tokens, perturbed init,
+  both attention paths): torch 2.8e-6, Keras/TF 3.8e-6, Flax/JAX 5.1e-6 on the logits; attention
+  probabilities <= 8.4e-7. The growth stays far below the worst case, and 2e-5 is four times the
+  largest measured value: room for other inputs and for GPU reduction orders, while a real bug
+  (a dropped bias, a wrong mask, TF32 matmuls at ~1e-3 relative) is still two orders above it.
+- bfloat16: 8 significant bits, unit roundoff u = 2^-8 = 3.9e-3 (float32 has 2^-24). Every
+  sublayer's output is rounded to bfloat16 at least once, on values up to |x| ~ 4 (a LayerNorm
+  output is at most sqrt(d_model - 1) ~ 3.3 times its gain ~ 1.1, plus its bias; the oracle's
+  largest logit on the tiny grid is 4.4). The tiny grid (2 encoder + 1 decoder layers) has
+  2 * 2 + 1 * 3 + 1 = 8 such stages (two sublayers per encoder layer, three per decoder layer,
+  and the embedding sum); one full rounding of the largest value per stage, added up, is
+  8 * u * 4 = 2^-3 = 0.125. Measured on the whole 108-config tiny grid (both input cases) against
+  the oracle on the bfloat16-rounded weights: torch 0.052 (logits) / 0.046 (encoder output) /
+  0.011 (attention); Keras/TF 0.071 / 0.103 / 0.014; Flax/JAX 0.046 / 0.041 / 0.0078 (9-config
+  pairwise subset). It is a tracking bound, for the tiny depth only: bfloat16 cannot tell a
+  0.1-sized bias bug from rounding; float32 and float64 are the tiers that catch bugs.
 """
 
 from __future__ import annotations
@@ -13,6 +33,10 @@ from __future__ import annotations
 ATOL: dict[str, float] = {
     "float64": 1e-10,
     "float32": 1e-5,
+    # The paper's base sizes in float32 (see the docstring): 4x the largest measured 5.1e-6.
+    "float32_base": 2e-5,
+    # The tiny grid in bfloat16 (see the docstring): depth 8 stages x u = 2^-8 x |x| <= 4.
+    "bfloat16": 2.0**-3,
 }
 
 
