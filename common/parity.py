@@ -190,7 +190,7 @@ def run_parity(
         raise RosettaError(
             f"unknown framework {', '.join(map(repr, unknown))}; known: {', '.join(FRAMEWORKS)}"
         )
-    tol = atol_for(dtype)
+    tol = atol_for(dtype, config)
     say = progress or (lambda _msg: None)
     skipped: dict[str, str] = {}
     runs: list[Run] = []
