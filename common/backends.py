@@ -112,6 +112,26 @@ class Backend(Protocol):
         ...
 
 
+def check_build_request(backend: Backend, dtype: str, device: str) -> None:
+    """The checks every Backend.build makes first, with one wording: a ValueError naming what
+    this backend offers."""
+    if dtype not in backend.dtypes:
+        raise ValueError(
+            f"dtype: {backend.name} does not compute in {dtype!r}; it offers {', '.join(backend.dtypes)}"
+        )
+    devices = backend.devices()
+    if device not in devices:
+        raise ValueError(
+            f"device: {device!r} is not visible to {backend.name}; it sees {', '.join(devices)}"
+        )
+
+
+def check_mode(modes: tuple[str, ...], mode: str) -> None:
+    """The check every Model.forward makes on `mode`."""
+    if mode not in modes:
+        raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(modes)}")
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from common import reference
-from common.backends import ForwardOutput
+from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.inputs import check_inputs
 from common.names import canonical_shapes
@@ -34,6 +34,7 @@ class NumpyModel:
         hidden_states: bool = False,
         mode: str = "eager",
     ) -> ForwardOutput:
+        check_mode(NumpyBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         out = reference.forward(self.weights, self.config, src, tgt_in, hidden_states=hidden_states)
         if not attention:
@@ -60,8 +61,7 @@ class NumpyBackend:
         dtype: str = "float64",
         device: str = "cpu",
     ) -> NumpyModel:
-        if dtype != "float64" or device != "cpu":
-            raise ValueError("the numpy oracle computes in float64 on the cpu only")
+        check_build_request(self, dtype, device)
         missing = [n for n in canonical_shapes(config) if n not in weights]
         if missing:
             raise ValueError(f"missing tensors: {', '.join(missing)}")

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.backends import ForwardOutput
+from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.dtypes import COMPUTE_DTYPES
 from common.inputs import check_inputs
@@ -77,8 +77,7 @@ class FlaxModel:
         mode: str = "eager",
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)  # on the host, before any jit
-        if mode not in MODES:
-            raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(MODES)}")
+        check_mode(MODES, mode)
         run = _forward_compiled if mode == "compiled" else _forward
         with self._scope():
             # int32 ids: JAX's default integer without x64, and every vocabulary fits.
@@ -112,8 +111,7 @@ class FlaxBackend:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> FlaxModel:
-        if dtype not in self.dtypes:
-            raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(self.dtypes)}")
+        check_build_request(self, dtype, device)
         target = jax_device(device)
         with x64_scope(dtype):
             module = to_device(from_canonical(config, weights, dtype), target)

@@ -77,3 +77,15 @@ def test_sinusoidal_positions_extrapolate_past_max_len(any_backend):
     got = any_backend.build(config, weights, dtype=dtype).forward(src, tgt)
     want = reference.forward(weights, config, src, tgt)
     assert np.max(np.abs(got.logits - want.logits)) <= 1e-10
+
+
+def test_build_refuses_a_dtype_or_device_it_lacks(any_backend):
+    config = ROUND_TRIP_CONFIGS[next(iter(ROUND_TRIP_CONFIGS))]
+    weights = init_weights(config, 0)
+    with pytest.raises(
+        ValueError, match=f"dtype: {any_backend.name} does not compute in 'float16'"
+    ):
+        any_backend.build(config, weights, dtype="float16")
+    dtype = any_backend.dtypes[0]
+    with pytest.raises(ValueError, match=f"device: 'gpu:7' is not visible to {any_backend.name}"):
+        any_backend.build(config, weights, dtype=dtype, device="gpu:7")

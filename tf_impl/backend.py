@@ -13,7 +13,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.backends import ForwardOutput  # noqa: E402
+from common.backends import ForwardOutput, check_build_request, check_mode  # noqa: E402
 from common.config import TransformerConfig  # noqa: E402
 from common.dtypes import COMPUTE_DTYPES  # noqa: E402
 from common.inputs import check_inputs  # noqa: E402
@@ -83,8 +83,7 @@ class KerasModel:
         mode: str = "eager",
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)
-        if mode not in KerasBackend.modes:
-            raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(KerasBackend.modes)}")
+        check_mode(KerasBackend.modes, mode)
         with tf.device(_tf_device(self.device)):
             if mode == "compiled":
                 out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
@@ -133,10 +132,7 @@ class KerasBackend:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> KerasModel:
-        if dtype not in self.dtypes:
-            raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(self.dtypes)}")
-        if device not in self.devices():
-            raise ValueError(f"device: unknown {device!r}; here: {', '.join(self.devices())}")
+        check_build_request(self, dtype, device)
         with tf.device(_tf_device(device)):
             model = new_model(config, dtype)
             load_canonical(model, weights)

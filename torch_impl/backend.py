@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from common.backends import ForwardOutput
+from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.inputs import check_inputs
 from torch_impl.model import Transformer
@@ -58,8 +58,7 @@ class TorchModel:
         hidden_states: bool = False,
         mode: str = "eager",
     ) -> ForwardOutput:
-        if mode not in TorchBackend.modes:
-            raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(TorchBackend.modes)}")
+        check_mode(TorchBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         with torch.inference_mode():
             src_t = torch.from_numpy(src).to(self.device)
@@ -109,10 +108,7 @@ class TorchBackend:
     ) -> TorchModel:
         """On a GPU, parity needs full float32 matmuls (design.md, "GPU"): TF32 is turned off
         explicitly rather than trusted to torch's default, which has changed between releases."""
-        if dtype not in TORCH_DTYPES:
-            raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TORCH_DTYPES)}")
-        if device not in self.devices():
-            raise ValueError(f"device: {device!r} is not here; found: {', '.join(self.devices())}")
+        check_build_request(self, dtype, device)
         if device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
