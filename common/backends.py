@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -109,6 +110,33 @@ class Backend(Protocol):
         device: str = "cpu",
     ) -> Model:
         """A model holding `weights` (canonical names, any float dtype) cast to `dtype`."""
+        ...
+
+
+@runtime_checkable
+class NativeCheckpoints(Protocol):
+    """A backend that reads and writes its framework's own checkpoint: torch (.pt/.bin,
+    torch.save of the model's state_dict), tf (Keras's .weights.h5) and jax (msgpack of the
+    nnx.Param state). `rosetta convert` goes through these two methods, so it imports no
+    framework itself.
+    """
+
+    native_suffixes: tuple[str, ...]  # file name endings of the native checkpoint, e.g. (".pt",)
+
+    def save_native(
+        self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+    ) -> None:
+        """Write the native checkpoint of a model for `config` holding canonical `weights` (any
+        float dtype, one per file, stored as given: bit-exact). Validates names, shapes and dtype
+        first (WeightFileError listing every problem) and writes atomically: whatever fails,
+        `path` is left as it was and no partial file remains."""
+        ...
+
+    def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+        """Canonical tensors, in canonical order and the stored dtype (bit-exact), from a native
+        checkpoint for `config`. One WeightFileError lists every problem: missing, unexpected
+        and wrong-shaped tensors, or a file that is not this format, truncated or corrupt. Never
+        runs code from the file (torch: weights_only loading)."""
         ...
 
 

@@ -252,7 +252,57 @@ def parity_table(reports: list[dict] | None = None) -> str:
 
 
 PARITY_GENERATORS: dict[str, Callable[[], str]] = {"tolerances": parity_table}
-DOCUMENTS = {DOC: GENERATORS, PARITY_DOC: PARITY_GENERATORS}
+
+# -- docs/PORTING.md: the outside formats' name maps, printed from common/ports/ -----------------
+
+PORTING_DOC = DOC.parent / "PORTING.md"
+
+
+def _port_table(rows: list[tuple[str, str, str]]) -> str:
+    lines = ["| source name | canonical name | transform |", "|---|---|---|"]
+    for source, canonical, transform in rows:
+        if ".layers.1." in source or ".layers.1." in canonical:
+            continue  # one layer shows the pattern; {i} stands for every layer
+        names = ", ".join(f"`{_template(n.strip())}`" for n in canonical.split(","))
+        lines.append(f"| `{_template(source)}` | {names} | {transform} |")
+    return "\n".join(lines)
+
+
+def nn_transformer_table() -> str:
+    """torch.nn.Transformer (+ the user's embeddings and output Linear), untied, with final norms."""
+    from common.ports.nn_transformer import mapping_table
+
+    config = TransformerConfig(
+        **{**_PROBE, **_MAXIMAL, "num_encoder_layers": 2, "num_decoder_layers": 2}
+    )
+    return _port_table(mapping_table(config))
+
+
+def marian_table() -> str:
+    """A Marian model as transformers 5 builds it: shared, tied, post-norm, final_logits_bias."""
+    from common.ports.marian import mapping_table
+
+    config = TransformerConfig(
+        **{
+            **_PROBE,
+            "num_encoder_layers": 2,
+            "num_decoder_layers": 2,
+            "position_kind": "sinusoidal",
+            "tgt_vocab_size": _PROBE["src_vocab_size"],
+            "sinusoid_layout": "concatenated",
+            "output_bias": True,
+            "bos_id": 0,
+            "layer_norm_eps": 1e-5,
+        }
+    )
+    return _port_table(mapping_table(config))
+
+
+PORTING_GENERATORS: dict[str, Callable[[], str]] = {
+    "nn_transformer": nn_transformer_table,
+    "marian": marian_table,
+}
+DOCUMENTS = {DOC: GENERATORS, PARITY_DOC: PARITY_GENERATORS, PORTING_DOC: PORTING_GENERATORS}
 
 
 def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:

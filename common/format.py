@@ -240,6 +240,23 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     return WeightFile(check_config, tensors, dtype, dict(metadata or {}))
 
 
+def check_tensors(
+    path: str | Path, config: TransformerConfig, tensors: Mapping[str, np.ndarray]
+) -> None:
+    """Refuse canonical `tensors` that do not fit `config`: every problem in one WeightFileError
+    naming `path`, raised before anything is written there (every writer calls this first)."""
+    entries = {}
+    for name, t in tensors.items():
+        a = np.asarray(t)
+        try:
+            entries[name] = (dtype_name(a.dtype), a.shape)
+        except ValueError:
+            entries[name] = (str(a.dtype), a.shape)
+    problems = tensor_problems(config, entries)
+    if problems:
+        raise WeightFileError(str(path), problems)
+
+
 def save_weights(
     path: str | Path,
     tensors: Mapping[str, np.ndarray],
@@ -249,15 +266,7 @@ def save_weights(
     """Validate `tensors` against `config`, then write them atomically in canonical order."""
     path = Path(path)
     arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
-    entries = {}
-    for name, a in arrays.items():
-        try:
-            entries[name] = (dtype_name(a.dtype), a.shape)
-        except ValueError:
-            entries[name] = (str(a.dtype), a.shape)
-    problems = tensor_problems(config, entries)
-    if problems:
-        raise WeightFileError(str(path), problems)
+    check_tensors(path, config, arrays)
     ordered = {name: arrays[name] for name in canonical_shapes(config)}
     metadata = {
         META_FORMAT: FORMAT_NAME,

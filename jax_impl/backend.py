@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from pathlib import Path
 
 import flax
 import jax
@@ -13,9 +14,17 @@ from flax import nnx
 from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.dtypes import COMPUTE_DTYPES
+from common.format import check_tensors
 from common.inputs import check_inputs
 from jax_impl.model import Transformer
-from jax_impl.weights import from_canonical, to_canonical, to_device, x64_scope
+from jax_impl.weights import (
+    from_canonical,
+    read_native,
+    to_canonical,
+    to_device,
+    write_native,
+    x64_scope,
+)
 
 MODES = ("eager", "compiled")
 
@@ -93,6 +102,7 @@ class FlaxBackend:
     name = "jax"
     dtypes = COMPUTE_DTYPES  # float32, float64 (in a scoped x64 mode), bfloat16
     modes = MODES
+    native_suffixes = (".msgpack",)
 
     def version(self) -> str:
         return f"jax {jax.__version__}, flax {flax.__version__}"
@@ -117,3 +127,15 @@ class FlaxBackend:
             module = to_device(from_canonical(config, weights, dtype), target)
         module.eval()  # deterministic dropout
         return FlaxModel(config, module, dtype, device)
+
+    def save_native(
+        self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+    ) -> None:
+        """The nnx.Param state of a model holding canonical `weights` as msgpack (bit-exact in
+        their dtype), written atomically."""
+        check_tensors(path, config, weights)
+        write_native(path, config, {n: np.asarray(w) for n, w in weights.items()})
+
+    def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+        """Canonical tensors from save_native's msgpack for `config`, bit-exact."""
+        return read_native(path, config)

@@ -17,6 +17,7 @@ context manager (jax.enable_x64), so float32 users in the same process are not a
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -25,9 +26,9 @@ import numpy as np
 from flax import nnx, serialization
 
 from common.config import TransformerConfig
-from common.dtypes import numpy_dtype
+from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import atomic_write
+from common.format import atomic_write, tensor_problems
 from common.names import canonical_shapes
 from jax_impl.model import Transformer
 
@@ -135,40 +136,85 @@ def save_native(model: Transformer, path: str | Path) -> None:
     folder layout, and restoring it into a freshly built model checks the tree structure. The
     config is not in the file: load_native takes it, as nnx.merge takes a graphdef.
     """
-    data = serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    _write_msgpack(path, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def _write_msgpack(path: str | Path, pure: Mapping) -> None:
+    data = serialization.msgpack_serialize(pure)
     atomic_write(Path(path), lambda tmp: Path(tmp).write_bytes(data))
 
 
-def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:
-    """A Transformer for `config` restored from save_native's file, with every shape checked."""
+def write_native(
+    path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+) -> None:
+    """save_native's file for canonical `weights`, in their dtype (bit-exact), written atomically.
+    The caller has validated them.
+
+    The tree comes from nnx.eval_shape, which builds the model abstractly (shapes, no arrays), so
+    no parameter is initialised only to be overwritten; the file is the one save_native writes
+    for a model holding `weights`.
+    """
+    dtype = dtype_name(next(iter(weights.values())).dtype)
+    _write_msgpack(path, _params_pure_dict(_abstract_model(config), weights, dtype))
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_model(config: TransformerConfig) -> Transformer:
+    """The model for `config` built by nnx.eval_shape: its tree, with shapes and no arrays."""
+    with x64_scope("float32"):
+        return nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+
+
+def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """Canonical tensors, in canonical order and the stored dtype (bit-exact), from save_native's
+    file for `config`; one WeightFileError lists every problem (a file that is not msgpack, is
+    cut short, or holds other tensors, names or shapes)."""
+    path = Path(path)
     try:
-        restored = serialization.msgpack_restore(Path(path).read_bytes())
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise WeightFileError(str(path), ["no such file"]) from None
+    except IsADirectoryError:
+        raise WeightFileError(str(path), ["is a folder, not a Flax checkpoint"]) from None
     except OSError as exc:
         raise WeightFileError(str(path), [exc.strerror or str(exc)]) from None
-    flat = {canonical_name(p): np.asarray(v) for p, v in _leaves(restored)}
-    with x64_scope(dtype):
-        model = Transformer(config, dtype=numpy_dtype(dtype), rngs=nnx.Rngs(0))
-        problems = [
-            f"wrong dtype for {n}: file has {flat[n].dtype}, asked for {dtype}"
-            for n in flat
-            if flat[n].dtype != numpy_dtype(dtype)
-        ]
-        expected = canonical_shapes(config)
-        missing = [n for n in expected if n not in flat]
-        unexpected = [n for n in flat if n not in expected]
-        if missing:
-            problems.append(f"missing tensors: {', '.join(missing)}")
-        if unexpected:
-            problems.append(f"unexpected tensors: {', '.join(unexpected)}")
-        problems += [
-            f"wrong shape for {n}: file has {list(flat[n].shape)}, config needs {list(s)}"
-            for n, s in expected.items()
-            if n in flat and flat[n].shape != s
-        ]
-        if problems:
-            raise WeightFileError(str(path), problems)
-        load_canonical(model, flat, dtype)
-    return model
+    try:
+        restored = serialization.msgpack_restore(data)
+    except Exception as exc:  # msgpack's ExtraData / ValueError("incomplete input"), numpy's
+        kind = "truncated" if "incomplete" in str(exc) else "not a Flax msgpack checkpoint"
+        raise WeightFileError(str(path), [f"{kind} ({exc})"]) from None
+    if not isinstance(restored, Mapping):
+        raise WeightFileError(
+            str(path),
+            [f"not a Flax checkpoint: the msgpack holds a {type(restored).__name__}, not a tree"],
+        )
+    flat = {canonical_name(p): v for p, v in _leaves(restored)}
+    others = [f"{n} ({type(v).__name__})" for n, v in flat.items() if not isinstance(v, np.ndarray)]
+    if others:
+        raise WeightFileError(str(path), [f"leaves that are not arrays: {', '.join(others)}"])
+    entries = {}
+    for name, array in flat.items():
+        try:
+            entries[name] = (dtype_name(array.dtype), array.shape)
+        except ValueError:
+            entries[name] = (str(array.dtype), array.shape)
+    problems = tensor_problems(config, entries)
+    if problems:
+        raise WeightFileError(str(path), problems)
+    # msgpack_restore's arrays are read-only views of the file's bytes; hand out our own copies.
+    return {name: np.array(flat[name]) for name in canonical_shapes(config)}
+
+
+def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:
+    """A Transformer for `config` in `dtype` restored from save_native's file, every problem of
+    the file reported at once, and a file in another dtype refused (not silently cast)."""
+    tensors = read_native(path, config)
+    stored = next(iter(tensors.values())).dtype
+    if stored != numpy_dtype(dtype):
+        raise WeightFileError(
+            str(path), [f"wrong dtype: the file holds {stored}, asked for {dtype}"]
+        )
+    return from_canonical(config, tensors, dtype)
 
 
 def _leaves(tree: Mapping, prefix: StatePath = ()) -> Iterator[tuple[StatePath, np.ndarray]]:

@@ -8,6 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from collections.abc import Callable, Mapping  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -16,9 +17,17 @@ import tensorflow as tf  # noqa: E402
 from common.backends import ForwardOutput, check_build_request, check_mode  # noqa: E402
 from common.config import TransformerConfig  # noqa: E402
 from common.dtypes import COMPUTE_DTYPES  # noqa: E402
+from common.format import check_tensors  # noqa: E402
 from common.inputs import check_inputs  # noqa: E402
 from tf_impl.model import Transformer  # noqa: E402
-from tf_impl.weights import export_canonical, load_canonical, new_model  # noqa: E402
+from tf_impl.weights import (  # noqa: E402
+    KERAS_SUFFIX,
+    export_canonical,
+    load_canonical,
+    new_model,
+    read_native,
+    write_native,
+)
 
 # Parity on a GPU needs full float32 matmuls (design.md, "GPU").
 tf.config.experimental.enable_tensor_float_32_execution(False)
@@ -113,6 +122,7 @@ class KerasBackend:
     name = "tf"
     dtypes = COMPUTE_DTYPES
     modes = ("eager", "compiled")
+    native_suffixes = (KERAS_SUFFIX,)
 
     def __init__(self, jit_compile: bool = False) -> None:
         self.jit_compile = jit_compile
@@ -137,3 +147,16 @@ class KerasBackend:
             model = new_model(config, dtype)
             load_canonical(model, weights)
         return KerasModel(config, model, dtype, device, self.jit_compile)
+
+    def save_native(
+        self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+    ) -> None:
+        """Keras's own checkpoint (`model.save_weights`, a .weights.h5) for canonical `weights`,
+        bit-exact in their dtype, written atomically."""
+        check_tensors(path, config, weights)
+        with tf.device("/CPU:0"):
+            write_native(path, config, {n: np.asarray(w) for n, w in weights.items()})
+
+    def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+        """Canonical tensors from the .weights.h5 of a model for `config`, bit-exact."""
+        return read_native(path, config)

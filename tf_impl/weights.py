@@ -9,14 +9,21 @@ tensor is transposed or packed: TRANSPOSES is empty, and every shape is still as
 
 from __future__ import annotations
 
+import functools
+import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+import h5py
 import keras
+import ml_dtypes
 import numpy as np
 
 from common.config import TransformerConfig
-from common.dtypes import numpy_dtype
+from common.dtypes import dtype_name, numpy_dtype
+from common.errors import WeightFileError
+from common.format import atomic_write, tensor_problems
 from common.names import canonical_shapes
 from tf_impl.model import Transformer
 
@@ -92,9 +99,133 @@ def export_canonical(model: Transformer) -> dict[str, np.ndarray]:
     return out
 
 
+KERAS_SUFFIX = ".weights.h5"
+
+
 def save_native(model: Transformer, path: str | Path) -> None:
-    """Write Keras's native checkpoint (`model.save_weights`); the path must end in .weights.h5."""
-    model.save_weights(str(path))
+    """Write Keras's native checkpoint (`model.save_weights`) atomically; the path must end in
+    .weights.h5, as Keras requires.
+
+    Keras insists on that suffix for the file it writes, so the temp file of atomic_write is
+    written under a name with the suffix added and then renamed onto atomic_write's temp name;
+    a failure removes both, and `path` is untouched until the final rename.
+    """
+    path = Path(path)
+    if not path.name.endswith(KERAS_SUFFIX):
+        raise WeightFileError(
+            str(path), [f"a Keras weights file's name must end in {KERAS_SUFFIX}"]
+        )
+
+    def write(tmp: str) -> None:
+        named = Path(f"{tmp}{KERAS_SUFFIX}")
+        try:
+            model.save_weights(str(named))
+            os.replace(named, tmp)
+        finally:
+            named.unlink(missing_ok=True)
+
+    atomic_write(path, write)
+
+
+def write_native(
+    path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+) -> None:
+    """The .weights.h5 of a model for `config` holding canonical `weights`, in their dtype (one
+    dtype; the caller has validated them), so that every tensor is stored bit for bit."""
+    model = new_model(config, dtype_name(next(iter(weights.values())).dtype))
+    load_canonical(model, weights)
+    save_native(model, path)
+
+
+@functools.lru_cache(maxsize=8)
+def native_layout(config: TransformerConfig) -> dict[str, str]:
+    """{HDF5 dataset path: canonical name}, in canonical order, as model.save_weights lays them
+    out for `config` (e.g. "decoder/layers/decoder_layer/cross_attention/key/vars/0").
+
+    Keras addresses a variable by attribute path and index within its layer, with list items
+    named after their class ("encoder_layer", "encoder_layer_1"), not by the variable's name.
+    Rather than restate those rules, ask Keras: save a model whose k-th canonical variable is
+    filled with the number k + 1 and read which dataset holds which number. float16 stores every
+    integer up to 2048 exactly and halves the bytes written.
+    """
+    model = new_model(config, "float16")
+    variables = variables_by_name(model)
+    assert len(variables) < 2048, "float16 markers are exact only below 2048"
+    for k, variable in enumerate(variables.values()):
+        variable.assign(np.full(variable.shape, k + 1, np.float16))
+    names = list(variables)
+    found: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / f"layout{KERAS_SUFFIX}"
+        model.save_weights(str(file))
+        with h5py.File(file, "r") as h5:
+            for ds_path, ds in _datasets(h5):
+                found[names[int(ds[(0,) * ds.ndim]) - 1]] = ds_path
+    assert set(found) == set(names), f"not saved by Keras: {set(names) - set(found)}"
+    return {found[name]: name for name in names}
+
+
+def _datasets(h5: h5py.File) -> list[tuple[str, h5py.Dataset]]:
+    """Every dataset in the file, with its path."""
+    out: list[tuple[str, h5py.Dataset]] = []
+    h5.visititems(
+        lambda name, obj: out.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
+    )
+    return out
+
+
+def _stored_dtype(ds: h5py.Dataset) -> str:
+    """The dtype Keras saved: bfloat16 is an opaque 2-byte type with a "dtype" attribute (Keras's
+    H5IOStore), anything else is what h5py reports."""
+    if ds.attrs.get("dtype") == "bfloat16":
+        return "bfloat16"
+    try:
+        return dtype_name(ds.dtype)
+    except ValueError:
+        return str(ds.dtype)
+
+
+def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """Canonical tensors, in canonical order and the stored dtype (bit-exact), from the
+    .weights.h5 of a model for `config`; one WeightFileError lists every problem.
+
+    Read with h5py against native_layout, not through model.load_weights: Keras stops at the
+    first variable that does not fit and skips layers it cannot find, while this reports every
+    missing, unexpected and wrong-shaped tensor at once, and builds no model.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise WeightFileError(str(path), ["is a folder, not a Keras weights file"])
+    if not path.exists():
+        raise WeightFileError(str(path), ["no such file"])
+    layout = native_layout(config)
+    try:
+        with h5py.File(path, "r") as h5:
+            stored = {p: (_stored_dtype(ds), tuple(ds.shape)) for p, ds in _datasets(h5)}
+            unexpected = sorted(p for p in stored if p not in layout)
+            entries = {layout[p]: e for p, e in stored.items() if p in layout}
+            problems = tensor_problems(config, entries)
+            if unexpected:
+                problems.append(
+                    f"datasets this model does not have ({len(unexpected)}): {', '.join(unexpected)}"
+                )
+            if problems:
+                raise WeightFileError(str(path), problems)
+            tensors = {}
+            for ds_path, name in layout.items():
+                ds = h5[ds_path]
+                array = ds[()]
+                if stored[ds_path][0] == "bfloat16":
+                    array = array.view(ml_dtypes.bfloat16)
+                tensors[name] = np.ascontiguousarray(array)
+    except OSError as exc:
+        # h5py's messages say what is wrong: "file signature not found" (not HDF5), "truncated
+        # file: eof = ..." (cut short), or a read error inside a damaged file.
+        reason = str(exc).removeprefix("Unable to synchronously open file ").strip("()")
+        raise WeightFileError(
+            str(path), [f"not a readable Keras .weights.h5 (HDF5) file: {reason}"]
+        ) from None
+    return {name: tensors[name] for name in canonical_shapes(config)}
 
 
 def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:

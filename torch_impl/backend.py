@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -10,9 +11,17 @@ import torch
 
 from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
+from common.errors import WeightFileError
+from common.format import check_tensors
 from common.inputs import check_inputs
 from torch_impl.model import Transformer
-from torch_impl.weights import export_canonical, load_canonical
+from torch_impl.weights import (
+    export_canonical,
+    load_canonical,
+    read_native,
+    read_state_dict,
+    write_native,
+)
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -87,6 +96,7 @@ class TorchBackend:
     name = "torch"
     dtypes = ("float32", "float64", "bfloat16")
     modes = ("eager",)
+    native_suffixes = (".pt", ".bin")
 
     def version(self) -> str:
         return f"torch {torch.__version__}"
@@ -116,3 +126,30 @@ class TorchBackend:
         module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
         load_canonical(module, {name: to_torch(w) for name, w in weights.items()})
         return TorchModel(config, module, dtype, device)
+
+    def save_native(
+        self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+    ) -> None:
+        """torch.save(model.state_dict()) for canonical `weights`, bit-exact, written atomically.
+        Tied tensors appear under each of their state_dict keys, as torch itself saves them."""
+        check_tensors(path, config, weights)
+        write_native(path, config, {n: to_torch(w) for n, w in weights.items()})
+
+    def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+        """Canonical tensors from a Transformer(config) state_dict file (weights_only loading)."""
+        return {n: to_numpy(t, exact=True) for n, t in read_native(path, config).items()}
+
+    def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]:
+        """Every tensor of any .pt/.bin state_dict, as numpy (bfloat16 as ml_dtypes.bfloat16),
+        for the importers of other models' checkpoints (common/ports). weights_only loading:
+        a pickle that holds anything but tensors is refused without running."""
+        state = read_state_dict(path)
+        out, problems = {}, []
+        for key, t in state.items():
+            try:
+                out[key] = to_numpy(t, exact=True)
+            except (TypeError, RuntimeError):
+                problems.append(f"{key}: numpy cannot hold dtype {t.dtype}")
+        if problems:
+            raise WeightFileError(str(path), problems)
+        return out

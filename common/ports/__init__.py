@@ -1,0 +1,1 @@
+"""Importers from outside model formats into canonical weights (numpy only, no framework)."""
