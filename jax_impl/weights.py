@@ -28,7 +28,7 @@ from flax import nnx, serialization
 from common.config import TransformerConfig
 from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import atomic_write, tensor_problems
+from common.format import atomic_write, check_tensors
 from common.names import canonical_shapes
 from jax_impl.model import Transformer
 
@@ -192,15 +192,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     others = [f"{n} ({type(v).__name__})" for n, v in flat.items() if not isinstance(v, np.ndarray)]
     if others:
         raise WeightFileError(str(path), [f"leaves that are not arrays: {', '.join(others)}"])
-    entries = {}
-    for name, array in flat.items():
-        try:
-            entries[name] = (dtype_name(array.dtype), array.shape)
-        except ValueError:
-            entries[name] = (str(array.dtype), array.shape)
-    problems = tensor_problems(config, entries)
-    if problems:
-        raise WeightFileError(str(path), problems)
+    check_tensors(path, config, flat)
     # msgpack_restore's arrays are read-only views of the file's bytes; hand out our own copies.
     return {name: np.array(flat[name]) for name in canonical_shapes(config)}
 
