@@ -223,6 +223,10 @@ def positive_int(text: str) -> int:
 def run_parity_command(args: argparse.Namespace) -> int:
     from common.parity import format_table, run_parity, stderr_progress, summary_line
 
+    if set(args.frameworks) <= {"numpy"}:
+        raise UsageError(
+            "--frameworks names only the oracle, which always runs; add torch, tf or jax"
+        )
     config, weights, source = config_and_weights(args, default_preset="tiny")
     if args.inputs:
         src, tgt_in = load_inputs(args.inputs)

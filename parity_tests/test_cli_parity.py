@@ -110,6 +110,7 @@ def test_parity_on_user_weights_and_inputs(capsys, tmp_path):
     ("argv", "message"),
     [
         (["parity", "--frameworks", "torch,mxnet"], "unknown framework 'mxnet'"),
+        (["parity", "--frameworks", "numpy"], "names only the oracle, which always runs"),
         (["parity", "--weights", "nope.safetensors"], "nope.safetensors: no such file"),
         (
             ["parity", "--weights", str(VECTORS / "pre_ln_untied.safetensors"), "--preset", "tiny"],
@@ -136,7 +137,7 @@ def test_parity_inputs_missing_keys_and_bad_ids(capsys, tmp_path):
     code, _, err = run(capsys, "parity", "--inputs", str(path))
     assert code == 2 and "lacks src, tgt (has source)" in err
     np.savez(path, src=np.array([[3, 99]]), tgt=np.array([[1, 2]]))
-    code, _, err = run(capsys, "parity", "--inputs", str(path), "--frameworks", "numpy")
+    code, _, err = run(capsys, "parity", "--inputs", str(path), "--frameworks", "numpy,torch")
     assert code == 2 and "src: token id 99 at [0, 1] is outside the vocabulary [0, 48)" in err
 
 
