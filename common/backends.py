@@ -57,6 +57,18 @@ class ForwardOutput:
         return out
 
 
+@dataclass
+class LossOutput:
+    """What `loss_and_grads` returns: the mean label-smoothed loss over non-pad target tokens,
+    token accuracy, the number of such tokens, and d loss / d weight for every canonical tensor
+    (canonical names and layouts; a tied tensor's gradient is the sum over its uses)."""
+
+    loss: float
+    accuracy: float
+    tokens: int
+    grads: dict[str, np.ndarray]
+
+
 @runtime_checkable
 class Model(Protocol):
     """A built model in one framework, on one device, in one dtype."""
@@ -82,6 +94,30 @@ class Model(Protocol):
         `attention=False` takes the framework's fused attention kernel. `mode` is one of the
         backend's `modes` ("eager", "compiled"). Raises InputError for ids the model cannot take.
         """
+        ...
+
+
+@runtime_checkable
+class TrainableModel(Protocol):
+    """A Model that can also be trained (each impl's train.py, behind its backend).
+
+    Both take the target itself (B, T): the model reads it shifted right behind BOS
+    (common.masks.shift_right) and predicts it; pad targets do not count. Dropout follows the
+    config (tests use dropout 0, so that the three frameworks take identical steps).
+    """
+
+    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+        """Label-smoothed loss (common.training.label_smoothed_loss) and its gradient for every
+        canonical tensor, under canonical names and layouts."""
+        ...
+
+    def train_steps(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+    ) -> list[float]:
+        """One step of the framework's own Adam (0.9, 0.98, 1e-9, eps placed as in
+        common.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps
+        count from 1 for the model's lifetime). Returns each step's loss, taken before its update;
+        the model's weights (export()) are updated in place."""
         ...
 
 

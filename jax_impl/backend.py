@@ -11,11 +11,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.backends import ForwardOutput, check_build_request, check_mode
+from common.backends import ForwardOutput, LossOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.dtypes import COMPUTE_DTYPES
 from common.format import check_tensors
 from common.inputs import check_inputs
+from common.masks import shift_right
+from jax_impl import train
 from jax_impl.model import Transformer
 from jax_impl.weights import (
     from_canonical,
@@ -65,6 +67,10 @@ class FlaxModel:
         self.dtype = dtype
         self.device = device
         self._device = jax_device(device)
+        # Adam's moments and the step count live as long as the model (train_steps), made on
+        # the first step; the (warmup, factor) its schedule was made for.
+        self._optimizer: nnx.Optimizer | None = None
+        self._schedule: tuple[int, float] | None = None
 
     @contextlib.contextmanager
     def _scope(self):  # noqa: ANN202
@@ -96,6 +102,47 @@ class FlaxModel:
             out = run(self.module, src_j, tgt_j, attention, hidden_states)
             out = jax.tree.map(_to_numpy, out)
         return ForwardOutput(**out)
+
+    def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[jax.Array, ...]:
+        """(src, tgt_in, tgt) on the device as int32; tgt_in is tgt shifted right behind BOS,
+        on the host by the common rule."""
+        src, tgt = check_inputs(self.config, src, tgt)
+        ids = (src, shift_right(tgt, self.config.bos_id), tgt)
+        return jax.device_put(tuple(a.astype(np.int32) for a in ids), self._device)
+
+    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+        with self._scope():
+            self.module.train()  # dropout as the config says
+            try:
+                loss, metrics, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
+            finally:
+                self.module.eval()
+            return LossOutput(
+                loss=float(loss),
+                accuracy=float(metrics["accuracy"]),
+                tokens=int(metrics["tokens"]),
+                grads=train.canonical_grads(self.module, grads),
+            )
+
+    def train_steps(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+    ) -> list[float]:
+        losses = []
+        with self._scope():
+            if self._schedule != (warmup, factor):
+                self._optimizer = train.make_optimizer(
+                    self.module, warmup, factor, device=self._device, previous=self._optimizer
+                )
+                self._schedule = (warmup, factor)
+            self.module.train()
+            try:
+                for src, tgt in batches:
+                    loss, _ = train.train_step(self.module, self._optimizer, *self._batch(src, tgt))
+                    losses.append(loss)
+            finally:
+                self.module.eval()
+            # One transfer at the end: the steps queue on the device without waiting for the host.
+            return [float(x) for x in losses]
 
 
 class FlaxBackend:

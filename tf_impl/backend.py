@@ -14,18 +14,32 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.backends import ForwardOutput, check_build_request, check_mode  # noqa: E402
+from common.backends import (  # noqa: E402
+    ForwardOutput,
+    LossOutput,
+    check_build_request,
+    check_mode,
+)
 from common.config import TransformerConfig  # noqa: E402
 from common.dtypes import COMPUTE_DTYPES  # noqa: E402
 from common.format import check_tensors  # noqa: E402
 from common.inputs import check_inputs  # noqa: E402
+from common.masks import shift_right  # noqa: E402
 from tf_impl.model import Transformer  # noqa: E402
+from tf_impl.train import (  # noqa: E402
+    Adam,
+    NoamSchedule,
+    gradient_function,
+    make_optimizer,
+    train_step_function,
+)
 from tf_impl.weights import (  # noqa: E402
     KERAS_SUFFIX,
     export_canonical,
     load_canonical,
     new_model,
     read_native,
+    variables_by_name,
     write_native,
 )
 
@@ -65,6 +79,12 @@ class KerasModel:
         self.model = model
         self.jit_compile = jit_compile
         self._compiled: dict[bool, Callable] = {}
+        # Training state (tf_impl/train.py), made on first use. One optimizer for the model's
+        # lifetime, so that Adam's moments and its step count (Noam's step) carry across calls;
+        # one compiled step per (warmup, factor), the schedule being baked into its trace.
+        self._gradient_fn: Callable | None = None
+        self._optimizer: Adam | None = None
+        self._train_fns: dict[tuple[int, float], Callable] = {}
 
     def export(self) -> dict[str, np.ndarray]:
         return export_canonical(self.model)
@@ -108,6 +128,47 @@ class KerasModel:
             encoder_output=_to_numpy(out["encoder_output"]),
             **lists,
         )
+
+    def _training_inputs(
+        self, src: np.ndarray, tgt: np.ndarray
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(src, tgt_in, tgt) as tensors: the decoder reads tgt shifted right behind BOS."""
+        src, tgt = check_inputs(self.config, src, tgt)
+        tgt_in = shift_right(tgt, self.config.bos_id)
+        return tf.constant(src), tf.constant(tgt_in), tf.constant(tgt)
+
+    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+        """Label-smoothed loss over non-pad targets and its gradient for every canonical tensor
+        (a tf.GradientTape in a tf.function; see tf_impl/train.py)."""
+        with tf.device(_tf_device(self.device)):
+            if self._gradient_fn is None:
+                self._gradient_fn = gradient_function(self.model, self.jit_compile)
+            loss, accuracy, tokens, grads = self._gradient_fn(*self._training_inputs(src, tgt))
+        names = list(variables_by_name(self.model))  # the order train.py differentiates in
+        return LossOutput(
+            loss=float(loss),
+            accuracy=float(accuracy),
+            tokens=int(tokens),
+            grads={name: _to_numpy(g) for name, g in zip(names, grads, strict=True)},
+        )
+
+    def train_steps(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+    ) -> list[float]:
+        """One Adam step (eps on sqrt(v_hat), as common.training.adam_step) per (src, tgt) batch
+        at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
+        taken before its update."""
+        key = (warmup, factor)
+        with tf.device(_tf_device(self.device)):
+            if self._optimizer is None:
+                self._optimizer = make_optimizer(self.config, warmup, factor)
+            if key not in self._train_fns:
+                self._optimizer.learning_rate = NoamSchedule(self.config.d_model, warmup, factor)
+                self._train_fns[key] = train_step_function(
+                    self.model, self._optimizer, self.jit_compile
+                )
+            step = self._train_fns[key]
+            return [float(step(*self._training_inputs(src, tgt))) for src, tgt in batches]
 
 
 class KerasBackend:

@@ -9,11 +9,12 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from common.backends import ForwardOutput, check_build_request, check_mode
+from common.backends import ForwardOutput, LossOutput, check_build_request, check_mode
 from common.config import TransformerConfig
 from common.errors import WeightFileError
 from common.format import check_tensors
 from common.inputs import check_inputs
+from torch_impl import train
 from torch_impl.model import Transformer
 from torch_impl.weights import (
     export_canonical,
@@ -54,6 +55,10 @@ class TorchModel:
         self.module = module.eval()
         self.dtype = dtype
         self.device = device
+        # Training state (train.py): Adam's moments, made on the first step, and the number of
+        # steps taken over the model's lifetime, which the Noam schedule counts from 1.
+        self.optimizer: torch.optim.Adam | None = None
+        self.steps_taken = 0
 
     def export(self) -> dict[str, np.ndarray]:
         return {n: to_numpy(t, exact=True) for n, t in export_canonical(self.module).items()}
@@ -90,6 +95,40 @@ class TorchModel:
             encoder_hidden_states=arrays(enc_hidden) if hidden_states else None,
             decoder_hidden_states=arrays(dec_hidden) if hidden_states else None,
         )
+
+    def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validated (src, tgt) ids on the model's device; tgt is the target, not shifted."""
+        src, tgt = check_inputs(self.config, src, tgt)
+        return torch.from_numpy(src).to(self.device), torch.from_numpy(tgt).to(self.device)
+
+    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+        out, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
+        return LossOutput(
+            loss=float(out.loss.detach()),
+            accuracy=float(out.accuracy),
+            tokens=out.tokens,
+            grads={name: to_numpy(g) for name, g in grads.items()},
+        )
+
+    def train_steps(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+    ) -> list[float]:
+        if self.optimizer is None:
+            self.optimizer = train.make_optimizer(self.module)
+        losses = []
+        for src, tgt in batches:
+            self.steps_taken += 1
+            losses.append(
+                train.train_step(
+                    self.module,
+                    self.optimizer,
+                    *self._batch(src, tgt),
+                    step=self.steps_taken,
+                    warmup=warmup,
+                    factor=factor,
+                )
+            )
+        return losses
 
 
 class TorchBackend:

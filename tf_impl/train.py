@@ -1,0 +1,168 @@
+"""Training in Keras 3 on TensorFlow: the label-smoothed loss, its gradient under canonical names,
+and Adam with the Noam schedule (sections 5.3 and 5.4 of "Attention Is All You Need").
+
+The spec is common/training.py. Gradients come from `tf.GradientTape` (TensorFlow is the Keras
+backend we ship); the step is a `tf.function` (XLA when `jit_compile` is set), and the optimizer
+is Keras's own Adam with one method overridden, because Keras places epsilon differently from the
+paper's reference implementations (see `Adam`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from common.config import TransformerConfig
+from common.training import ADAM_BETAS, ADAM_EPS
+from tf_impl.model import Transformer
+from tf_impl.weights import variables_by_name
+
+
+def smoothed_cross_entropy(
+    logits: Any, tgt: Any, pad_id: int, smoothing: float
+) -> tuple[Any, Any, Any]:
+    """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
+    target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors.
+
+    Keras's `categorical_crossentropy(label_smoothing=)` is exactly this q (eps / V to every
+    class, the true one included; common.training.label_smoothed_loss), so it is used as is.
+    """
+    if logits.dtype in ("float16", "bfloat16"):
+        # Softmax statistics in float32 or wider (design.md, "Precision").
+        logits = ops.cast(logits, "float32")
+    vocab = ops.shape(logits)[-1]
+    per_token = keras.losses.categorical_crossentropy(
+        ops.one_hot(tgt, vocab, dtype=logits.dtype),
+        logits,
+        from_logits=True,
+        label_smoothing=smoothing,
+    )  # (B, T)
+    keep = ops.not_equal(tgt, pad_id)  # (B, T)
+    tokens = ops.sum(ops.cast(keep, "int32"))
+    # An all-pad batch has loss 0 and accuracy 0 (the oracle's answer), not 0 / 0.
+    denominator = ops.cast(ops.maximum(tokens, 1), logits.dtype)
+    loss = ops.sum(ops.where(keep, per_token, 0.0)) / denominator
+    correct = ops.logical_and(ops.equal(ops.argmax(logits, axis=-1), ops.cast(tgt, "int64")), keep)
+    accuracy = ops.cast(ops.sum(ops.cast(correct, "int32")), logits.dtype) / denominator
+    return loss, accuracy, tokens
+
+
+class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Section 5.3, Eq. (3): lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+
+    Keras calls a schedule with the optimizer's `iterations` *before* the update, counting from 0;
+    the paper's step counts from 1, hence step = iterations + 1. Computed in float64 whatever the
+    model's dtype: a float32 rate would be off by ~1e-8 relative, visible in a float64 step.
+    """
+
+    def __init__(self, d_model: int, warmup: int, factor: float = 1.0) -> None:
+        self.d_model = d_model
+        self.warmup = warmup
+        self.factor = factor
+
+    def __call__(self, step: Any) -> Any:
+        step = ops.cast(step, "float64") + 1.0
+        scale = self.factor * self.d_model**-0.5
+        return scale * ops.minimum(ops.power(step, -0.5), step * self.warmup**-1.5)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"d_model": self.d_model, "warmup": self.warmup, "factor": self.factor}
+
+
+class Adam(keras.optimizers.Adam):
+    """Kingma & Ba, Algorithm 1, with epsilon added to sqrt(v_hat): torch's and optax's placement,
+    which common.training.adam_step specifies.
+
+    Keras 3's Adam (keras/src/optimizers/adam.py, `update_step`) folds both bias corrections into
+    the rate, alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), and steps w -= alpha * m / (sqrt(v) + eps):
+    its epsilon sits on sqrt(v) *before* the bias correction. That equals the reference only with
+    eps replaced by eps * sqrt(1 - b2^t), a step-dependent constant no Keras argument can express
+    (at t = 1, b2 = 0.98: 0.14 eps). So this subclass overrides `update_step` alone and writes the
+    reference step out; Keras still owns the moment variables, `iterations`, the schedule call
+    and tf.distribute. AMSGrad is not offered.
+    """
+
+    def __init__(
+        self,
+        learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
+        beta_1: float = ADAM_BETAS[0],
+        beta_2: float = ADAM_BETAS[1],
+        epsilon: float = ADAM_EPS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad=False, **kwargs)
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        g = ops.cast(gradient, dtype)
+        t = ops.cast(self.iterations + 1, dtype)  # Algorithm 1's t, from 1
+        # Not ops.cast(self.beta_1, dtype), as Keras's own update_step has it: on TensorFlow that
+        # makes a float32 tensor first, so a float64 model would use beta_1 = 0.8999999761581421
+        # (moments off by ~2e-8 relative, 1e-8 in the loss after 20 steps).
+        b1 = ops.convert_to_tensor(self.beta_1, dtype=dtype)
+        b2 = ops.convert_to_tensor(self.beta_2, dtype=dtype)
+        index = self._get_variable_index(variable)
+        m_var, v_var = self._momentums[index], self._velocities[index]
+        m = b1 * m_var + (1 - b1) * g
+        v = b2 * v_var + (1 - b2) * g * g
+        self.assign(m_var, m)
+        self.assign(v_var, v)
+        m_hat = m / (1 - ops.power(b1, t))
+        v_hat = v / (1 - ops.power(b2, t))
+        self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + self.epsilon))
+
+
+def make_optimizer(config: TransformerConfig, warmup: int, factor: float = 1.0) -> Adam:
+    """The paper's optimizer: Adam (0.9, 0.98, 1e-9) at the Noam rate."""
+    return Adam(NoamSchedule(config.d_model, warmup, factor))
+
+
+def _dense(gradient: Any) -> Any:
+    """An embedding's gradient arrives as tf.IndexedSlices (rows by lookup); canonical is dense."""
+    return tf.convert_to_tensor(gradient)
+
+
+def gradient_function(model: Transformer, jit_compile: bool = False) -> Callable:
+    """A compiled (src, tgt_in, tgt) -> (loss, accuracy, tokens, [grad per canonical tensor]).
+
+    The tape watches each canonical variable once, so a tied tensor's gradient is already the sum
+    over its uses. Dropout follows the config (training=True).
+    """
+    variables = list(variables_by_name(model).values())
+    c = model.config
+
+    @tf.function(jit_compile=jit_compile)
+    def loss_and_grads(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
+        with tf.GradientTape() as tape:
+            logits = model(src, tgt_in, training=True)["logits"]
+            loss, accuracy, tokens = smoothed_cross_entropy(
+                logits, tgt, c.pad_id, c.label_smoothing
+            )
+        grads = tape.gradient(loss, variables)
+        return loss, accuracy, tokens, [_dense(g) for g in grads]
+
+    return loss_and_grads
+
+
+def train_step_function(model: Transformer, optimizer: Adam, jit_compile: bool = False) -> Callable:
+    """A compiled (src, tgt_in, tgt) -> loss, taken before the update, after one Adam step."""
+    variables = list(variables_by_name(model).values())
+    # Create the moments outside the tf.function: variables may not be created while tracing.
+    optimizer.build(variables)
+    c = model.config
+
+    @tf.function(jit_compile=jit_compile)
+    def train_step(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = model(src, tgt_in, training=True)["logits"]
+            loss, _, _ = smoothed_cross_entropy(logits, tgt, c.pad_id, c.label_smoothing)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply([_dense(g) for g in grads], variables)
+        return loss
+
+    return train_step

@@ -1,0 +1,150 @@
+"""Training the PyTorch Transformer: the loss of section 5.4, its gradient and the optimiser of
+section 5.3 (common/training.py is the spec and the oracle each piece is tested against).
+
+Written the way torch users train: the model in train() mode, `loss.backward()` filling each
+Parameter's `.grad`, then `torch.optim.Adam.step()`. Eager throughout (torch.compile is left
+out: the tests' batches change shape, and eager autograd is the reference torch users know).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.training import ADAM_BETAS, ADAM_EPS, noam_learning_rate
+from torch_impl.model import Transformer
+from torch_impl.weights import canonical_from_state_dict
+
+
+@dataclass
+class Loss:
+    """One batch's objective: `loss` carries the autograd graph; accuracy and tokens do not."""
+
+    loss: Tensor  # () mean label-smoothed cross-entropy over non-pad targets
+    accuracy: float  # fraction of non-pad targets whose argmax logit is right
+    tokens: int  # how many targets are not padding
+
+
+def shift_right(tgt: Tensor, bos_id: int) -> Tensor:
+    """Decoder input, the mirror of common.masks.shift_right: the target one step right behind
+    BOS (teacher forcing, section 3.1: "output embeddings are offset by one position")."""
+    bos = torch.full_like(tgt[:, :1], bos_id)  # (B, 1)
+    return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
+
+
+def label_smoothed_loss(logits: Tensor, targets: Tensor, pad_id: int, smoothing: float) -> Loss:
+    """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
+    targets that are not padding.
+
+    F.cross_entropy(label_smoothing=eps) has exactly this definition (eps / V to every class, the
+    true one included) and ignore_index drops pad targets from both terms. It is summed and then
+    divided by the token count rather than using reduction="mean", which is the same division
+    but gives NaN on an all-pad batch, where the oracle gives 0.
+    """
+    keep = targets != pad_id  # (B, T)
+    tokens = int(keep.sum())
+    summed = F.cross_entropy(
+        logits.flatten(0, 1),  # (B*T, V)
+        targets.flatten(),  # (B*T,)
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+    with torch.no_grad():
+        correct = (logits.argmax(dim=-1) == targets) & keep  # argmax takes the first maximum
+        # A Python division: int64 / int in torch gives float32, too coarse for a float64 run.
+        accuracy = int(correct.sum()) / max(tokens, 1)
+    return Loss(summed / max(tokens, 1), accuracy, tokens)
+
+
+def compute_loss(model: Transformer, src: Tensor, tgt: Tensor) -> Loss:
+    """The loss of `model` on (src, tgt) (B, S), (B, T): the decoder reads tgt shifted right
+    behind BOS and predicts tgt itself. Dropout follows the module's training flag."""
+    c = model.config
+    logits = model(src, shift_right(tgt, c.bos_id))  # (B, T, V), the fused attention path
+    return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)
+
+
+@contextlib.contextmanager
+def training(model: nn.Module) -> Iterator[None]:
+    """model.train() for the block (dropout on, as the config sets it), eval() again after: the
+    adapter's model stays in eval mode for forward and decoding."""
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def canonical_grads(model: Transformer) -> dict[str, Tensor]:
+    """Every Parameter's `.grad` under canonical names and layouts, in canonical order.
+
+    The grads are read through the state_dict's keys, so weights.py's transposes and head splits
+    apply to them unchanged. A tied tensor is one Parameter under several keys, and autograd has
+    already summed its uses into that Parameter's one `.grad`. A Parameter the loss never reached
+    has no grad: its gradient is zero.
+    """
+    state = {
+        key: torch.zeros_like(p) if p.grad is None else p.grad
+        for key, p in model.state_dict(keep_vars=True).items()
+        if isinstance(p, nn.Parameter)
+    }
+    return canonical_from_state_dict(model.config, state)
+
+
+def loss_and_grads(model: Transformer, src: Tensor, tgt: Tensor) -> tuple[Loss, dict[str, Tensor]]:
+    """The loss and d loss / d weight for every canonical tensor; leaves no `.grad` behind, so
+    that it cannot leak into an optimiser step."""
+    model.zero_grad(set_to_none=True)
+    with training(model):
+        out = compute_loss(model, src, tgt)
+        out.loss.backward()
+    grads = {name: g.detach().clone() for name, g in canonical_grads(model).items()}
+    model.zero_grad(set_to_none=True)
+    return out, grads
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Adam:
+    """Section 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9. torch adds eps to
+    sqrt(v_hat), as common.training.adam_step does. model.parameters() yields a tied Parameter
+    once, so a tied tensor has one set of moments. The learning rate is set before every step."""
+    return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every param group's rate for the next step (the schedule lives outside the optimiser)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def train_step(
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    src: Tensor,
+    tgt: Tensor,
+    *,
+    step: int,
+    warmup: int,
+    factor: float = 1.0,
+) -> float:
+    """One Adam step at the Noam rate of `step` (section 5.3, Eq. (3); step counts from 1).
+    Returns the batch's loss, taken before the update.
+
+    The rate is written into the optimiser rather than driven by LambdaLR: the schedule is then
+    common.training.noam_learning_rate itself, and warmup and factor may differ between calls
+    while the step count runs on over the model's lifetime.
+    """
+    set_learning_rate(optimizer, noam_learning_rate(step, model.config.d_model, warmup, factor))
+    optimizer.zero_grad(set_to_none=True)
+    with training(model):
+        out = compute_loss(model, src, tgt)
+        out.loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(out.loss.detach())
