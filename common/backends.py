@@ -21,6 +21,7 @@ import numpy as np
 
 from common.config import TransformerConfig
 from common.errors import BackendUnavailable
+from common.search import Stepper
 
 
 @dataclass
@@ -118,6 +119,29 @@ class TrainableModel(Protocol):
         common.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps
         count from 1 for the model's lifetime). Returns each step's loss, taken before its update;
         the model's weights (export()) are updated in place."""
+        ...
+
+
+@runtime_checkable
+class DecodingModel(Protocol):
+    """A Model that can decode autoregressively (each impl's decode.py, behind its backend).
+
+    The search itself is common.search's, written once; the model supplies one step at a time.
+    """
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> Stepper:
+        """Encode src (B, S) once and return a Stepper over B * beams rows (row r decodes source
+        r // beams) that takes at most max_steps steps (BOS included).
+
+        cached=True keeps every decoder layer's self-attention keys and values (a buffer of
+        max_steps positions, written one position per step) and the cross-attention keys and
+        values of the memory (computed once), so a step costs O(1) in the prefix length.
+        cached=False runs the decoder over the whole prefix at every step (the baseline the
+        benchmark compares against). Both see keys as decoder_key_padding_mask does: position 0
+        always, a later position iff its token is not pad_id. Raises InputError for bad src.
+        """
         ...
 
 

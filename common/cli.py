@@ -602,6 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 a parity or threshold failure, 2 bad input.",
     )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+    from common.cli_train import add_demo, add_train, add_translate  # it imports this module
+
+    add_demo(sub)
+    add_train(sub)
+    add_translate(sub)
     add_parity(sub)
     add_forward(sub)
     add_convert(sub)

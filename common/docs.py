@@ -19,6 +19,7 @@ from common.format import (
     META_CONFIG,
     META_FORMAT,
     META_PRODUCER,
+    META_TASK,
     META_VERSION,
     SAFETENSORS_DTYPES,
 )
@@ -103,6 +104,10 @@ def metadata_table() -> str:
     )
     lines.append(f"| `{META_CONFIG}` | the config as JSON: every field of `TransformerConfig` |")
     lines.append(f'| `{META_PRODUCER}` | who wrote the file, e.g. `"torch 2.13.0"` (informative) |')
+    lines.append(
+        f"| `{META_TASK}` | optional: the generated task (`common/tasks.py`) a trained model "
+        "belongs to, whose tokenizer `rosetta translate` uses |"
+    )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ META_FORMAT = "format"
 META_VERSION = "format_version"
 META_CONFIG = "config"
 META_PRODUCER = "producer"
+META_TASK = "task"  # optional: the generated task (common/tasks.py) whose tokenizer the model reads
 REQUIRED_METADATA = (META_FORMAT, META_VERSION, META_CONFIG)
 
 # safetensors' dtype codes for the dtypes the format stores.
@@ -262,8 +263,11 @@ def save_weights(
     tensors: Mapping[str, np.ndarray],
     config: TransformerConfig,
     producer: str,
+    *,
+    task: str | None = None,
 ) -> None:
-    """Validate `tensors` against `config`, then write them atomically in canonical order."""
+    """Validate `tensors` against `config`, then write them atomically in canonical order.
+    `task` names the common.tasks task a trained model belongs to (metadata key "task")."""
     path = Path(path)
     arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
     check_tensors(path, config, arrays)
@@ -274,6 +278,8 @@ def save_weights(
         META_CONFIG: config.to_json(),
         META_PRODUCER: producer,
     }
+    if task is not None:
+        metadata[META_TASK] = task
     atomic_write(path, lambda tmp: safetensors.numpy.save_file(ordered, tmp, metadata=metadata))
 
 

@@ -86,3 +86,66 @@ def plot_attention(
 def _ticks(ax: object, xt: list[str], yt: list[str]) -> None:
     ax.set_xticks(range(len(xt)), xt, fontsize=7)
     ax.set_yticks(range(len(yt)), yt, fontsize=7)
+
+
+def _pyplot():  # noqa: ANN202 - matplotlib's module; imported only when a plot is asked for
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss_curve(losses: list[float], path: str | Path, title: str) -> Path:
+    """The training loss per step (light) and its 50-step running mean (dark), one PNG, written
+    through a temp file so that a failure leaves no partial PNG."""
+    from common.format import atomic_write
+
+    plt = _pyplot()
+    steps = np.arange(1, len(losses) + 1)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    ax.plot(steps, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="per step")
+    window = min(50, len(losses))
+    if window > 1:
+        mean = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1 :], mean, color="tab:blue", label=f"{window}-step mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("label-smoothed cross-entropy")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
+def plot_cross_attention(
+    probs: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], path: str | Path, title: str
+) -> Path:
+    """One cross-attention map per head, side by side: probs (h, T, S), rows are the decoder's
+    input tokens (the query), columns the source tokens (the key)."""
+    from common.format import atomic_write
+
+    plt = _pyplot()
+    heads = probs.shape[0]
+    fig, axes = plt.subplots(
+        1,
+        heads,
+        figsize=(1.2 + 0.45 * len(src_tokens) * heads + heads, 0.45 * len(tgt_tokens) + 1.6),
+        squeeze=False,
+        layout="constrained",
+    )
+    for i in range(heads):
+        ax = axes[0, i]
+        im = ax.imshow(probs[i], vmin=0.0, vmax=1.0, cmap="viridis")
+        ax.set_title(f"head {i}", fontsize=9)
+        _ticks(ax, src_tokens, tgt_tokens if i == 0 else [""] * len(tgt_tokens))
+        ax.set_xlabel("source (key)", fontsize=8)
+    axes[0, 0].set_ylabel("target so far (query)", fontsize=8)
+    fig.colorbar(im, ax=axes[0, :].tolist(), fraction=0.03, label="probability")
+    fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path

@@ -9,8 +9,30 @@ import numpy as np
 from common import reference
 from common.backends import ForwardOutput, check_build_request, check_mode
 from common.config import TransformerConfig
-from common.inputs import check_inputs
+from common.inputs import check_ids, check_inputs, check_length
 from common.names import canonical_shapes
+
+
+class PrefixStepper:
+    """The oracle's Stepper (common.search): it re-runs reference.decode over the whole prefix at
+    every step, the plainest correct decoder, against which every cache is tested."""
+
+    def __init__(
+        self, weights: dict[str, np.ndarray], c: TransformerConfig, src: np.ndarray, beams: int
+    ) -> None:
+        self.weights, self.config = weights, c
+        memory, _, _ = reference.encode(weights, c, src)
+        self.src = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
+        self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
+        self.prefix = np.zeros((self.src.shape[0], 0), dtype=np.int64)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.prefix = np.concatenate([self.prefix, np.asarray(tokens, np.int64)[:, None]], axis=1)
+        y, _, _, _ = reference.decode(self.weights, self.config, self.prefix, self.memory, self.src)
+        return reference.output_logits(self.weights, self.config, y[:, -1])  # (N, V)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.prefix, self.memory, self.src = self.prefix[rows], self.memory[rows], self.src[rows]
 
 
 class NumpyModel:
@@ -40,6 +62,14 @@ class NumpyModel:
         if not attention:
             out.encoder_self_attention = out.decoder_self_attention = out.cross_attention = None
         return out
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> PrefixStepper:
+        """The oracle has no cache: `cached` is accepted and ignored."""
+        src = check_ids(src, "src", self.config.src_vocab_size)
+        check_length(src.shape[1], "src", self.config)
+        return PrefixStepper(self.weights, self.config, src, beams)
 
 
 class NumpyBackend:

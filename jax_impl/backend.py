@@ -17,7 +17,8 @@ from common.dtypes import COMPUTE_DTYPES
 from common.format import check_tensors
 from common.inputs import check_inputs
 from common.masks import shift_right
-from jax_impl import train
+from common.search import check_row_ids, check_step_budget, check_stepper_request
+from jax_impl import decode, train
 from jax_impl.model import Transformer
 from jax_impl.weights import (
     from_canonical,
@@ -56,6 +57,68 @@ def _to_numpy(x: jax.Array) -> np.ndarray:
     """float64/float32 stay as they are; bfloat16 goes to float32 so numpy can compare it."""
     a = np.asarray(x)
     return a if a.dtype in (np.float64, np.float32) else a.astype(np.float32)
+
+
+class FlaxStepper:
+    """common.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
+    the module split once into (graphdef, state), and the cache (uncached: the prefix, on the
+    host, with the memory)."""
+
+    def __init__(
+        self, model: FlaxModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
+    ) -> None:
+        self.model, self.max_steps, self.cached = model, max_steps, cached
+        self.steps, self.rows = 0, src.shape[0] * beams
+        with model._scope():
+            self.graphdef, self.state = nnx.split(model.module)
+            src_j = jax.device_put(src.astype(np.int32), model._device)
+            if cached:
+                self.cache = decode.init_cache_compiled(
+                    self.graphdef, self.state, src_j, beams=beams, max_steps=max_steps
+                )
+            else:
+                self.memory_rows = {  # (N, S, d) and (N, S): what reorder gathers
+                    "memory": decode.encode_compiled(self.graphdef, self.state, src_j, beams),
+                    "src": jax.device_put(
+                        np.repeat(src, beams, axis=0).astype(np.int32), model._device
+                    ),
+                }
+                self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        check_step_budget(self.steps, self.max_steps)
+        vocab = self.model.config.tgt_vocab_size
+        tokens = check_row_ids(tokens, "tokens", self.rows, vocab).astype(np.int32)  # (N,)
+        with self.model._scope():
+            if self.cached:
+                logits, self.cache = decode.decode_step_compiled(
+                    self.graphdef,
+                    self.state,
+                    jax.device_put(tokens, self.model._device),
+                    self.cache,
+                )
+            else:
+                self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)  # (N, t)
+                prefix = jax.device_put(self.prefix, self.model._device)
+                logits = decode.prefix_step_compiled(
+                    self.graphdef,
+                    self.state,
+                    prefix,
+                    self.memory_rows["memory"],
+                    self.memory_rows["src"],
+                )
+            self.steps += 1
+            return _to_numpy(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        rows = check_row_ids(rows, "rows", self.rows, self.rows)
+        with self.model._scope():
+            rows_j = jax.device_put(rows.astype(np.int32), self.model._device)
+            if self.cached:
+                self.cache = decode.reorder_cache_compiled(self.cache, rows_j)
+            else:
+                self.memory_rows = decode.reorder_cache_compiled(self.memory_rows, rows_j)
+                self.prefix = self.prefix[rows]
 
 
 class FlaxModel:
@@ -102,6 +165,12 @@ class FlaxModel:
             out = run(self.module, src_j, tgt_j, attention, hidden_states)
             out = jax.tree.map(_to_numpy, out)
         return ForwardOutput(**out)
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> FlaxStepper:
+        src = check_stepper_request(self.config, src, beams, max_steps)
+        return FlaxStepper(self, src, beams, max_steps, cached)
 
     def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[jax.Array, ...]:
         """(src, tgt_in, tgt) on the device as int32; tgt_in is tgt shifted right behind BOS,

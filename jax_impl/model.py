@@ -109,17 +109,35 @@ class MultiHeadAttention(nnx.Module):
         self.output = dense((h, k), d, axis=(-2, -1))
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
+    def keys_values(self, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """K W^K and V W^V of x_kv (B, Tk, d), each (B, h, Tk, k): the layout of the decoding
+        cache (jax_impl/decode.py), the same in all three implementations."""
+        k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, h, Tk, k)
+
     def __call__(
-        self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array, *, return_probs: bool = False
+        self,
+        x_q: jax.Array,
+        x_kv: jax.Array | None,
+        mask: jax.Array,
+        *,
+        return_probs: bool = False,
+        kv: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x_q (B, Tq, d) attends x_kv (B, Tk, d) under mask (B, 1, Tq|1, Tk).
 
+        Decoding passes `kv` instead of x_kv: keys and values already projected, as
+        keys_values() returns them (B, h, Tk, k), read from its cache.
         Returns (output (B, Tq, d), probabilities (B, h, Tq, Tk) or None). The one place that
         picks the kernel: explicit when probabilities are asked for, when attention dropout is
         live (the fused kernel has none), or in float64, because jax.nn.dot_product_attention
         always rounds its softmax to float32 (that is 1e-8, and float64 parity is 1e-10).
         """
-        q, k, v = self.query(x_q), self.key(x_kv), self.value(x_kv)  # (B, T, h, k)
+        q = self.query(x_q)  # (B, Tq, h, k)
+        if kv is None:
+            k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
+        else:
+            k, v = (jnp.swapaxes(t, 1, 2) for t in kv)  # (B, h, Tk, k) -> (B, Tk, h, k)
         dropout_live = not self.dropout.deterministic and self.dropout.rate > 0
         if return_probs or dropout_live or q.dtype == jnp.float64:
             context, probs = scaled_dot_product_attention(q, k, v, mask, self.dropout)
@@ -242,26 +260,46 @@ class DecoderLayer(nnx.Module):
         memory_mask: jax.Array,
         *,
         return_probs: bool = False,
-    ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+        cache: dict[str, jax.Array] | None = None,
+        index: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
+        """x (B, T, d) over memory (B, S, d). Returns (x, self probs, cross probs, cache).
+
+        Decoding (jax_impl/decode.py) passes this layer's `cache` entry and the position `index`
+        (a traced scalar): x is then that one position (B, 1, d). Its self-attention keys and
+        values are written into the cache's (B, h, max_steps, k) buffers at `index` and the
+        query attends the whole buffer (self_mask says which positions are valid); cross-attention
+        reads the memory's keys and values from the cache, so `memory` is unused. The updated
+        entry is returned (None without a cache).
+        """
         c = self.config
-        x, self_probs = residual(
-            c,
-            self.self_attention_norm,
-            self.dropout,
-            x,
-            lambda y: self.self_attention(y, y, self_mask, return_probs=return_probs),
+
+        def self_attention(y: jax.Array) -> tuple[jax.Array, tuple]:
+            if cache is None:
+                out, probs = self.self_attention(y, y, self_mask, return_probs=return_probs)
+                return out, (probs, None)
+            new = self.self_attention.keys_values(y)  # (B, h, 1, k) each
+            keys, values = (
+                jax.lax.dynamic_update_slice_in_dim(cache[name], t, index, axis=2)
+                for name, t in zip(("self_key", "self_value"), new, strict=True)
+            )
+            out, probs = self.self_attention(
+                y, None, self_mask, return_probs=return_probs, kv=(keys, values)
+            )
+            return out, (probs, {**cache, "self_key": keys, "self_value": values})
+
+        def cross_attention(y: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+            kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
+            return self.cross_attention(y, memory, memory_mask, return_probs=return_probs, kv=kv)
+
+        x, (self_probs, new_cache) = residual(
+            c, self.self_attention_norm, self.dropout, x, self_attention
         )
-        x, cross_probs = residual(
-            c,
-            self.cross_attention_norm,
-            self.dropout,
-            x,
-            lambda y: self.cross_attention(y, memory, memory_mask, return_probs=return_probs),
-        )
+        x, cross_probs = residual(c, self.cross_attention_norm, self.dropout, x, cross_attention)
         x, _ = residual(
             c, self.feed_forward_norm, self.dropout, x, lambda y: (self.feed_forward(y), None)
         )
-        return x, self_probs, cross_probs
+        return x, self_probs, cross_probs, new_cache
 
 
 def embedding_param(
@@ -273,23 +311,31 @@ def embedding_param(
     return nnx.Param(init(rngs.params(), (vocab, config.d_model), dtype))
 
 
+def position_table(
+    config: TransformerConfig,
+    length: int,
+    position_embedding: nnx.Param | None,
+    dtype: jnp.dtype,
+) -> jax.Array:
+    """Section 3.5: PE[0..length-1], (length, d): the sinusoids, or the learned table's rows."""
+    if config.position_kind == "sinusoidal":
+        pe = sinusoidal_positions(length, config.d_model, config.sinusoid_layout)
+        return jnp.asarray(pe, dtype)
+    return position_embedding[:length]  # check_inputs refuses length > max_len first
+
+
 def embed(
     config: TransformerConfig,
     ids: jax.Array,
     table: jax.Array,
-    position_embedding: nnx.Param | None,
+    pe: jax.Array,
     dropout: nnx.Dropout,
 ) -> jax.Array:
-    """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d)."""
+    """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE), (B, L, d), where pe
+    (L, d) holds the positions of ids: PE[0..L-1] in a forward, PE[index] in a decoding step."""
     x = jnp.take(table, ids, axis=0)  # (B, L, d)
     if config.scale_embeddings:
         x = x * math.sqrt(config.d_model)
-    length = ids.shape[1]
-    if config.position_kind == "sinusoidal":
-        pe = sinusoidal_positions(length, config.d_model, config.sinusoid_layout)
-        pe = jnp.asarray(pe, x.dtype)
-    else:
-        pe = position_embedding[:length]  # check_inputs refuses length > max_len first
     return dropout(x + pe[None])
 
 
@@ -327,7 +373,8 @@ class Encoder(nnx.Module):
     ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
         """src (B, S) ids. Returns (memory (B, S, d), self-attention probs per layer, hidden
         states: the embedding output and each layer's output, before the final norm)."""
-        x = embed(self.config, src, table, self.position_embedding, self.dropout)
+        pe = position_table(self.config, src.shape[1], self.position_embedding, table.dtype)
+        x = embed(self.config, src, table, pe, self.dropout)
         attentions, hidden = [], [x]
         for layer in self.layers:
             x, probs = layer(x, mask, return_probs=return_probs)
@@ -374,10 +421,11 @@ class Decoder(nnx.Module):
     ) -> tuple[jax.Array, list[jax.Array], list[jax.Array], list[jax.Array]]:
         """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self probs, cross
         probs, hidden states)."""
-        x = embed(self.config, tgt_in, table, self.position_embedding, self.dropout)
+        pe = position_table(self.config, tgt_in.shape[1], self.position_embedding, table.dtype)
+        x = embed(self.config, tgt_in, table, pe, self.dropout)
         self_attn, cross_attn, hidden = [], [], [x]
         for layer in self.layers:
-            x, s_probs, c_probs = layer(
+            x, s_probs, c_probs, _ = layer(
                 x, memory, self_mask, memory_mask, return_probs=return_probs
             )
             self_attn.append(s_probs)
@@ -452,13 +500,17 @@ class Transformer(nnx.Module):
             return_probs=return_probs,
             hidden_states=hidden_states,
         )
+        return self.output_logits(y), self_attn, cross_attn, hidden
+
+    def output_logits(self, y: jax.Array) -> jax.Array:
+        """Section 3.4: the pre-softmax linear transformation of y (..., d) -> (..., V)."""
+        c = self.config
         if c.tie_output:  # section 3.4: y E^T
-            logits = jnp.einsum("btd,vd->btv", y, self.table("output"))
+            logits = jnp.einsum("...d,vd->...v", y, self.table("output"))
             if c.output_bias:
                 logits = logits + self.output.bias
-        else:
-            logits = self.output(y)
-        return logits, self_attn, cross_attn, hidden
+            return logits
+        return self.output(y)
 
     def __call__(
         self,

@@ -15,8 +15,14 @@ import pytest
 
 from common import reference
 from common.backends import unavailable_reason
+from common.config import TransformerConfig, preset
+from common.errors import InputError
 from common.init import init_weights
+from common.inputs import ragged_batch
 from common.names import canonical_shapes
+from common.reference_backend import NumpyBackend, PrefixStepper
+from common.search import beam_search, greedy_search
+from common.tolerances import atol_for
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
 
 if unavailable_reason("tf") is not None:
@@ -191,3 +197,136 @@ def test_model_matches_oracle_on_keras_jax_and_torch_backends():
         assert result["backend"] == name
         for attention, diff in result["diffs"].items():
             assert diff <= 1e-5, f"{name}, attention={attention}: off by {diff:.3g}"
+
+
+# -- decoding with the key/value cache (tf_impl/decode.py) --------------------------------------
+
+# The tiny preset (post-norm, sinusoids, one shared embedding); CONFIG (pre-norm with final norms,
+# learned positions, untied output with a bias); and the tiny preset starting from the pad token.
+DECODE_CONFIGS = {
+    "tiny": preset("tiny"),
+    "pre-learned-untied-bias": CONFIG,
+    "bos-is-pad": preset("tiny").replace(bos_id=0),
+}
+DECODE_BEAMS, DECODE_STEPS = 2, 5
+
+
+def decode_tokens(c: TransformerConfig, rows: int) -> list[np.ndarray]:
+    """BOS, then fixed tokens with pad_id in some rows mid-way (a key the mask must skip)."""
+    rng = np.random.default_rng(3)
+    steps = [np.full(rows, c.bos_id, dtype=np.int64)]
+    for t in range(1, DECODE_STEPS):
+        tokens = rng.integers(3, c.tgt_vocab_size, size=rows)
+        if t == 2:
+            tokens[::2] = c.pad_id
+        steps.append(tokens.astype(np.int64))
+    return steps
+
+
+# float32 on two configs only: each case traces its own compiled step (~1 s on a CPU), and the
+# pad-as-BOS case is about masks, which float64 checks at 1e-10.
+DECODE_CASES = [
+    ("tiny", "float64"),
+    ("tiny", "float32"),
+    ("pre-learned-untied-bias", "float64"),
+    ("pre-learned-untied-bias", "float32"),
+    ("bos-is-pad", "float64"),
+]
+
+
+@pytest.mark.parametrize(("config_id", "dtype"), DECODE_CASES)
+def test_cached_steps_match_the_oracle(config_id, dtype):
+    """Per step, cached and uncached logits against the oracle's PrefixStepper, with a reorder
+    across sources mid-way; one trace of each compiled function; max_steps enforced."""
+    c = DECODE_CONFIGS[config_id]
+    weights = init_weights(c, 4, scheme="perturbed", dtype="float64")
+    model = KerasBackend().build(c, weights, dtype=dtype)
+    src, _ = ragged_batch(c, batch=3, src_len=6, tgt_len=2, seed=1)  # the last row all padding
+    assert (src[-1] == c.pad_id).all() and (src[1] == c.pad_id).any()
+    oracle = PrefixStepper(weights, c, src, DECODE_BEAMS)
+    cached = model.stepper(src, DECODE_BEAMS, DECODE_STEPS)
+    uncached = model.stepper(src, DECODE_BEAMS, DECODE_STEPS, cached=False)
+    rows = src.shape[0] * DECODE_BEAMS
+    atol = atol_for(dtype, c)
+    for t, tokens in enumerate(decode_tokens(c, rows)):
+        if t == 3:  # beam search's gather, here a permutation that also crosses sources
+            order = np.array([5, 2, 0, 4, 1, 3])
+            for stepper in (oracle, cached, uncached):
+                stepper.reorder(order)
+        want = oracle.step(tokens)
+        got, baseline = cached.step(tokens), uncached.step(tokens)
+        assert got.dtype == baseline.dtype == np.dtype(dtype)
+        assert got.shape == (rows, c.tgt_vocab_size)
+        assert np.max(np.abs(got - want)) <= atol, f"cached, step {t}"
+        assert np.max(np.abs(baseline - want)) <= atol, f"uncached, step {t}"
+        assert np.max(np.abs(got - baseline)) <= atol, f"cached vs uncached, step {t}"
+    fns = model.decode_functions()
+    assert {name: f.experimental_get_tracing_count() for name, f in fns.items()} == {
+        "step": 1,
+        "reorder": 1,
+        "prefix": 1,
+    }
+    with pytest.raises(ValueError, match="max_steps=5"):
+        cached.step(tokens)
+
+
+def test_cached_steps_match_the_oracle_in_bfloat16_and_under_xla():
+    c = DECODE_CONFIGS["pre-learned-untied-bias"]
+    weights = init_weights(c, 4, scheme="perturbed", dtype="float64")
+    src, _ = ragged_batch(c, batch=3, src_len=6, tgt_len=2, seed=1)
+    for backend, dtype in (
+        (KerasBackend(), "bfloat16"),
+        (KerasBackend(jit_compile=True), "float64"),
+    ):
+        model = backend.build(c, weights, dtype=dtype)
+        # bfloat16 against the oracle on the weights the model holds (rounded to bfloat16).
+        oracle = PrefixStepper(model.export(), c, src, DECODE_BEAMS)
+        cached = model.stepper(src, DECODE_BEAMS, DECODE_STEPS)
+        for t, tokens in enumerate(decode_tokens(c, src.shape[0] * DECODE_BEAMS)):
+            diff = np.max(np.abs(cached.step(tokens) - oracle.step(tokens)))
+            assert diff <= atol_for(dtype, c), f"{dtype}, step {t}: off by {diff:.3g}"
+
+
+def test_stepper_refuses_bad_input():
+    c = DECODE_CONFIGS["pre-learned-untied-bias"]
+    model = KerasBackend().build(c, init_weights(c, 0))
+    with pytest.raises(InputError, match="src: token id 99"):
+        model.stepper(np.array([[3, 99]]), 1, 4)
+    with pytest.raises(InputError, match="max_steps: length 17 exceeds max_len=16"):
+        model.stepper(np.array([[3, 4]]), 1, c.max_len + 1)
+
+
+def test_greedy_and_beam_search_decode_the_oracles_tokens():
+    """common.search over the cached float32 steps gives the oracle's tokens, on a case whose
+    greedy top-1 margin is checked to be far above float32's error."""
+    c = DECODE_CONFIGS["tiny"]
+    weights = init_weights(c, 1, scheme="perturbed", dtype="float64")
+    model = KerasBackend().build(c, weights, dtype="float32")
+    oracle = NumpyBackend().build(c, weights)
+    src, _ = ragged_batch(c, batch=3, src_len=5, tgt_len=2, seed=2)
+    margins = []
+
+    def recording(src: np.ndarray, beams: int, max_steps: int) -> PrefixStepper:
+        stepper = oracle.stepper(src, beams, max_steps)
+        step = stepper.step
+
+        def step_and_record(tokens: np.ndarray) -> np.ndarray:
+            logits = step(tokens)
+            top2 = np.sort(logits, axis=-1)[:, -2:]
+            margins.append(float(np.min(top2[:, 1] - top2[:, 0])))
+            return logits
+
+        stepper.step = step_and_record
+        return stepper
+
+    want = greedy_search(recording, c, src, extra_len=4)
+    assert min(margins) > 100 * atol_for("float32"), margins
+    got = greedy_search(model.stepper, c, src, extra_len=4)
+    assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
+    np.testing.assert_allclose(got.scores, want.scores, atol=1e-4)
+
+    want = beam_search(oracle.stepper, c, src, extra_len=4)
+    got = beam_search(model.stepper, c, src, extra_len=4)
+    assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
+    assert np.array_equal(got.finished, want.finished)
+    np.testing.assert_allclose(got.scores, want.scores, atol=1e-4)

@@ -8,8 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from common import reference  # noqa: E402
+from common.config import preset  # noqa: E402
+from common.errors import InputError  # noqa: E402
 from common.init import init_weights  # noqa: E402
 from common.inputs import ragged_batch  # noqa: E402
+from common.reference_backend import PrefixStepper  # noqa: E402
+from common.search import beam_search, greedy_search, log_softmax  # noqa: E402
+from common.tolerances import atol_for  # noqa: E402
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID  # noqa: E402
 from torch_impl.backend import TorchBackend, to_numpy, to_torch  # noqa: E402
 from torch_impl.model import Transformer  # noqa: E402
@@ -134,3 +139,152 @@ def test_hidden_states_match_the_oracle():
         assert len(getattr(got, kind)) == len(getattr(want, kind))
         for g, w in zip(getattr(got, kind), getattr(want, kind), strict=True):
             assert np.max(np.abs(g - w)) <= 1e-10, kind
+
+
+# -- decoding with a key/value cache (torch_impl/decode.py) -----------------------------------
+
+TINY = preset("tiny")
+DECODE_CONFIGS = {
+    "tiny": TINY,
+    "pre-final_norm": TINY.replace(norm_position="pre", final_norm=True),
+    "learned": TINY.replace(position_kind="learned"),
+    "bos-is-pad": TINY.replace(bos_id=TINY.pad_id),
+    "untied-output_bias": TINY.replace(
+        tgt_vocab_size=37, share_embeddings=False, tie_output=False, output_bias=True
+    ),
+    # d_k = 6, concatenated sinusoids, GELU, no attention bias: the grid's odd sizes.
+    "grid-pre-gelu-concatenated": FULL_GRID["pre-gelu-sin-concatenated-tied-nobias"],
+}
+
+
+def decode_case(config, dtype, seed=0):
+    """A model with perturbed weights, the oracle's float64 copy of the same weights, a ragged
+    source of 3 rows (the last all padding) and a fixed (N = 3 * 2, 8) token sequence fed one
+    column per step: BOS first, then ordinary tokens with a pad mid-way in every other row, and
+    an EOS (which the stepper must treat as an ordinary token)."""
+    weights = init_weights(config, seed, scheme="perturbed", dtype=dtype)
+    oracle_weights = {name: w.astype(np.float64) for name, w in weights.items()}
+    model = TorchBackend().build(config, weights, dtype=dtype)
+    src, _ = ragged_batch(config, batch=3, src_len=6, tgt_len=1, seed=seed + 3)
+    assert np.all(src[-1] == config.pad_id) and np.any(src[1] == config.pad_id)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, config.tgt_vocab_size, size=(6, 8))
+    tokens[:, 0] = config.bos_id
+    tokens[::2, 3] = config.pad_id
+    tokens[1, 5] = config.eos_id
+    return model, oracle_weights, src, tokens
+
+
+def run_steppers(steppers, tokens):
+    """Feed `tokens` column by column to every stepper, reordering all of them the same way
+    mid-way: a permutation after step 2, then beam search's kind of gather (rows duplicated and
+    dropped) after step 5. Yields each step's logits, one array per stepper."""
+    gathers = {2: np.array([3, 0, 5, 1, 4, 2]), 5: np.array([1, 1, 0, 4, 4, 3])}
+    for t in range(tokens.shape[1]):
+        yield [s.step(tokens[:, t]) for s in steppers]
+        if t in gathers:
+            for s in steppers:
+                s.reorder(gathers[t])
+            tokens = tokens[gathers[t]]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_id", list(DECODE_CONFIGS))
+def test_cached_decoding_matches_the_oracle_step_by_step(config_id, dtype):
+    config = DECODE_CONFIGS[config_id]
+    model, oracle_weights, src, tokens = decode_case(config, dtype)
+    atol = atol_for(dtype, config)
+    max_steps = tokens.shape[1] + 2  # a buffer longer than used: its tail must stay masked
+    cached = model.stepper(src, 2, max_steps)
+    uncached = model.stepper(src, 2, max_steps, cached=False)
+    oracle = PrefixStepper(oracle_weights, config, src, 2)
+    for got, baseline, want in run_steppers([cached, uncached, oracle], tokens):
+        assert got.shape == (6, config.tgt_vocab_size) and got.dtype == np.dtype(dtype)
+        assert np.all(np.isfinite(got))
+        assert np.max(np.abs(got - want)) <= atol
+        assert np.max(np.abs(baseline - want)) <= atol
+        assert np.max(np.abs(got - baseline)) <= atol
+
+
+def test_cached_bfloat16_decoding_tracks_the_oracle():
+    """bfloat16 at its tracking bound (common/tolerances.py), against the oracle on the
+    bfloat16-rounded weights; logits come back as float32."""
+    model, oracle_weights, src, tokens = decode_case(TINY, "bfloat16")
+    cached = model.stepper(src, 2, tokens.shape[1])
+    uncached = model.stepper(src, 2, tokens.shape[1], cached=False)
+    oracle = PrefixStepper(oracle_weights, TINY, src, 2)
+    for got, baseline, want in run_steppers([cached, uncached, oracle], tokens):
+        assert got.dtype == np.float32
+        assert np.max(np.abs(got - want)) <= atol_for("bfloat16")
+        assert np.max(np.abs(baseline - want)) <= atol_for("bfloat16")
+
+
+def test_stepper_refuses_bad_requests():
+    config = DECODE_CONFIGS["learned"]
+    model = TorchBackend().build(config, init_weights(config, 0), dtype="float32")
+    src, _ = ragged_batch(config, batch=2, src_len=4, tgt_len=1)
+    with pytest.raises(InputError, match="src"):
+        model.stepper(src + config.src_vocab_size, 1, 4)
+    with pytest.raises(InputError, match="src"):
+        model.stepper(src.astype(np.float32), 1, 4)
+    with pytest.raises(InputError, match="max_len"):  # learned positions end at max_len
+        model.stepper(src, 1, config.max_len + 1)
+    for cached in (True, False):
+        stepper = model.stepper(src, 2, 2, cached=cached)
+        with pytest.raises(InputError, match="tokens"):
+            stepper.step(np.full(3, config.bos_id))  # 4 rows expected
+        with pytest.raises(InputError, match="rows"):
+            stepper.reorder(np.array([0, 1, 2, 4]))
+        stepper.step(np.full(4, config.bos_id))
+        stepper.step(np.full(4, 5))
+        with pytest.raises(ValueError, match="max_steps=2"):
+            stepper.step(np.full(4, 5))
+
+
+class RecordingStepper:
+    """Wraps a Stepper and keeps every step's logits (to check the search's margins)."""
+
+    def __init__(self, inner):
+        self.inner, self.logits = inner, []
+
+    def step(self, tokens):
+        self.logits.append(self.inner.step(tokens))
+        return self.logits[-1]
+
+    def reorder(self, rows):
+        self.inner.reorder(rows)
+
+
+def test_searches_give_the_oracles_tokens():
+    """Greedy and beam search (common.search) over the torch cache, float32, against the same
+    searches over the oracle. Greedy's every decision is checked to be clear: the top two
+    log-probabilities differ by far more than the float32 parity bound."""
+    config = DECODE_CONFIGS["pre-final_norm"]
+    weights = init_weights(config, 1, scheme="perturbed", dtype="float32")
+    oracle_weights = {name: w.astype(np.float64) for name, w in weights.items()}
+    model = TorchBackend().build(config, weights, dtype="float32")
+    src, _ = ragged_batch(config, batch=3, src_len=5, tgt_len=1, seed=7)
+    recorded = []
+
+    def oracle(s, beams, max_steps):
+        recorded.append(RecordingStepper(PrefixStepper(oracle_weights, config, s, beams)))
+        return recorded[-1]
+
+    want = greedy_search(oracle, config, src, extra_len=6)
+    got = greedy_search(model.stepper, config, src, extra_len=6)
+    lengths = [len(t) + int(f) for t, f in zip(want.tokens, want.finished, strict=True)]
+    for t, logits in enumerate(recorded[0].logits):
+        top2 = np.sort(log_softmax(logits), axis=-1)[:, -2:]  # (N, 2)
+        live = np.array(lengths) > t  # rows still decoding at step t
+        assert np.all(top2[live, 1] - top2[live, 0] > 100 * atol_for("float32"))
+    for g, w in zip(got.tokens, want.tokens, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got.finished, want.finished)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-4)
+
+    want = beam_search(oracle, config, src, beam=3, extra_len=6)
+    got = beam_search(model.stepper, config, src, beam=3, extra_len=6)
+    for g, w in zip(got.tokens, want.tokens, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got.finished, want.finished)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-4)

@@ -25,6 +25,13 @@ from common.dtypes import COMPUTE_DTYPES  # noqa: E402
 from common.format import check_tensors  # noqa: E402
 from common.inputs import check_inputs  # noqa: E402
 from common.masks import shift_right  # noqa: E402
+from common.search import check_row_ids, check_step_budget, check_stepper_request  # noqa: E402
+from tf_impl.decode import (  # noqa: E402
+    init_cache,
+    prefix_function,
+    reorder_function,
+    step_function,
+)
 from tf_impl.model import Transformer  # noqa: E402
 from tf_impl.train import (  # noqa: E402
     Adam,
@@ -62,6 +69,54 @@ def _to_numpy(x: tf.Tensor) -> np.ndarray:
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
+class KerasStepper:
+    """common.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
+    the prefix) held between steps. Made by KerasModel.stepper."""
+
+    def __init__(
+        self, owner: KerasModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
+    ) -> None:
+        self.owner, self.max_steps, self.cached, self.steps = owner, max_steps, cached, 0
+        self.rows = src.shape[0] * beams
+        fns = owner.decode_functions()
+        with tf.device(_tf_device(owner.device)):
+            src_tensor = tf.constant(src)
+            if cached:
+                self.cache = init_cache(owner.model, src_tensor, beams, max_steps)
+            else:
+                # Uncached, the memory is still encoded once: it is the decoder prefix that every
+                # step recomputes.
+                memory, _, _ = owner.model.encode(src_tensor, training=False)
+                self.memory = tf.repeat(memory, beams, axis=0)  # (N, S, d)
+                self.src = tf.repeat(src_tensor, beams, axis=0)  # (N, S)
+                self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
+        self._step, self._reorder, self._prefix = fns["step"], fns["reorder"], fns["prefix"]
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed tokens (N,) at the next position; that position's logits (N, V)."""
+        check_step_budget(self.steps, self.max_steps)
+        tokens = check_row_ids(tokens, "tokens", self.rows, self.owner.config.tgt_vocab_size)
+        with tf.device(_tf_device(self.owner.device)):
+            if self.cached:
+                logits, self.cache = self._step(tf.constant(tokens), self.cache)
+            else:
+                self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)
+                logits = self._prefix(tf.constant(self.prefix), self.memory, self.src)
+        self.steps += 1
+        return _to_numpy(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Row i continues as the old row rows[i] from now on (beam search)."""
+        rows = check_row_ids(rows, "rows", self.rows, self.rows)
+        with tf.device(_tf_device(self.owner.device)):
+            if self.cached:
+                self.cache = self._reorder(self.cache, tf.constant(rows))
+            else:
+                self.prefix = self.prefix[rows]
+                self.memory = tf.gather(self.memory, rows)
+                self.src = tf.gather(self.src, rows)
+
+
 class KerasModel:
     """A built Keras Transformer on one device, in one dtype (the adapter's Model)."""
 
@@ -85,6 +140,9 @@ class KerasModel:
         self._gradient_fn: Callable | None = None
         self._optimizer: Adam | None = None
         self._train_fns: dict[tuple[int, float], Callable] = {}
+        # Decoding (tf_impl/decode.py): one tf.function each, made on first use, so that their
+        # traces are kept across steppers.
+        self._decode_fns: dict[str, Callable] | None = None
 
     def export(self) -> dict[str, np.ndarray]:
         return export_canonical(self.model)
@@ -128,6 +186,25 @@ class KerasModel:
             encoder_output=_to_numpy(out["encoder_output"]),
             **lists,
         )
+
+    def decode_functions(self) -> dict[str, Callable]:
+        """The compiled decoding functions of this model: "step" (cached; XLA when jit_compile
+        is set), "reorder" and "prefix" (uncached; a graph, never XLA)."""
+        if self._decode_fns is None:
+            self._decode_fns = {
+                "step": step_function(self.model, self.jit_compile),
+                "reorder": reorder_function(),
+                "prefix": prefix_function(self.model),
+            }
+        return self._decode_fns
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> KerasStepper:
+        """Encode src (B, S) once; a Stepper over B * beams rows for at most max_steps steps
+        (common.backends.DecodingModel). cached=False recomputes the decoder prefix each step."""
+        src = check_stepper_request(self.config, src, beams, max_steps)
+        return KerasStepper(self, src, beams, max_steps, cached)
 
     def _training_inputs(
         self, src: np.ndarray, tgt: np.ndarray

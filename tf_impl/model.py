@@ -49,13 +49,18 @@ def decoder_self_mask(tgt_in: Any, pad_id: int) -> Any:
     return ops.logical_and(decoder_padding_mask(tgt_in, pad_id), causal_mask(ops.shape(tgt_in)[1]))
 
 
-def sinusoidal_positions(length: int, d_model: int, layout: str, dtype: str) -> Any:
+def sinusoidal_positions(
+    length: int, d_model: int, layout: str, dtype: str, start: Any = None
+) -> Any:
     """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
 
-    Computed for the length at hand, so positions extrapolate past max_len. Deviation, flagged:
-    layout "concatenated" puts every sin first, then every cos (tensor2tensor, Marian).
+    Rows for positions start..start+length-1 (start None: from 0), computed for the positions at
+    hand, so they extrapolate past max_len. Deviation, flagged: layout "concatenated" puts every
+    sin first, then every cos (tensor2tensor, Marian).
     """
     pos = ops.arange(length, dtype=dtype)[:, None]  # (L, 1)
+    if start is not None:  # a decode step: a tensor index, so a compiled step does not retrace
+        pos = pos + ops.cast(start, dtype)
     two_i = ops.arange(0, d_model, 2, dtype=dtype)[None, :]  # (1, d/2)
     angle = pos / ops.power(ops.cast(10000.0, dtype), two_i / d_model)  # (L, d/2)
     if layout == "interleaved":
@@ -149,14 +154,20 @@ class MultiHeadAttention(layers.Layer):
         mask: Any,
         training: bool | None = None,
         return_attention: bool = False,
+        kv: tuple[Any, Any] | None = None,
     ) -> tuple[Any, Any]:
         """query (B, T, d), key_value (B, S, d), mask broadcastable to (B, h, T, S).
 
+        kv: keys and values projected already (`keys_values`, a decode cache), used instead of
+        projecting key_value (which may then be None).
         Returns (output (B, T, d), probabilities (B, h, T, S) or None on the fused path).
         """
         q = self.query(query)  # (B, T, h, k)
-        k = self.key(key_value)  # (B, S, h, k)
-        v = self.value(key_value)  # (B, S, h, k)
+        if kv is None:
+            k = self.key(key_value)  # (B, S, h, k)
+            v = self.value(key_value)  # (B, S, h, k)
+        else:
+            k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)  # (B, h, S, k) -> (B, S, h, k)
         # The fused kernel has no dropout on the probabilities, so training with attention
         # dropout takes the explicit path.
         if return_attention or (training and self.dropout_rate > 0):
@@ -164,6 +175,13 @@ class MultiHeadAttention(layers.Layer):
         else:
             context, probs = self._fused_attention(q, k, v, mask), None
         return self.output_projection(context), probs
+
+    def keys_values(self, key_value: Any) -> tuple[Any, Any]:
+        """K W^K_i and V W^V_i of Eq. (4) for key_value (B, S, d), each (B, h, S, k): the layout
+        of the decode cache (tf_impl/decode.py), which keeps them instead of recomputing them."""
+        k = ops.transpose(self.key(key_value), (0, 2, 1, 3))  # (B, h, S, k)
+        v = ops.transpose(self.value(key_value), (0, 2, 1, 3))  # (B, h, S, k)
+        return k, v
 
     def _explicit_attention(
         self, q: Any, k: Any, v: Any, mask: Any, training: bool | None
@@ -348,31 +366,74 @@ class DecoderLayer(_Block):
         memory_mask: Any,
         training: bool | None = None,
         return_attention: bool = False,
-    ) -> tuple[Any, Any, Any]:
+        cache: dict[str, Any] | None = None,
+        index: Any = None,
+    ) -> tuple[Any, ...]:
         """x (B, T, d), memory (B, S, d), self_mask (B, 1, T, T), memory_mask (B, 1, 1, S).
 
         Returns (x, self-attention probabilities, cross-attention probabilities), None when not
-        requested."""
-        x, self_probs = self._residual(
+        requested. With `cache` (this layer's entry of tf_impl/decode.py's cache), x is one
+        position (N, 1, d) at `index` and memory is unused: self-attention writes this
+        position's keys and values into the cache's buffers and reads them all (self_mask
+        (N, 1, 1, max_steps)), cross-attention reads the cached keys and values of the memory,
+        and the call returns (x, the layer's new cache) instead.
+        """
+        x, (self_probs, self_kv) = self._residual(
             self.self_attention_norm,
             x,
-            lambda y: self.self_attention(
-                y, y, self_mask, training=training, return_attention=return_attention
+            lambda y: self._masked_self_attention(
+                y, self_mask, training, return_attention, cache, index
             ),
             training,
         )
+        cross_kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
         x, cross_probs = self._residual(
             self.cross_attention_norm,
             x,
             lambda y: self.cross_attention(
-                y, memory, memory_mask, training=training, return_attention=return_attention
+                y,
+                memory,
+                memory_mask,
+                training=training,
+                return_attention=return_attention,
+                kv=cross_kv,
             ),
             training,
         )
         x, _ = self._residual(
             self.feed_forward_norm, x, lambda y: (self.feed_forward(y), None), training
         )
-        return x, self_probs, cross_probs
+        if cache is None:
+            return x, self_probs, cross_probs
+        return x, {**cache, "self_key": self_kv[0], "self_value": self_kv[1]}
+
+    def _masked_self_attention(
+        self,
+        y: Any,
+        mask: Any,
+        training: bool | None,
+        return_attention: bool,
+        cache: dict[str, Any] | None,
+        index: Any,
+    ) -> tuple[Any, tuple[Any, Any]]:
+        """Section 3.2.3's masked self-attention over y, or, with a cache, over the cached
+        positions with y's keys and values written at `index`. Returns (output,
+        (probabilities or None, the updated (keys, values) buffers or None))."""
+        if cache is None:
+            out, probs = self.self_attention(
+                y, y, mask, training=training, return_attention=return_attention
+            )
+            return out, (probs, None)
+        keys, values = self.self_attention.keys_values(y)  # (N, h, 1, k)
+        at = (0, 0, index, 0)
+        kv = (
+            ops.slice_update(cache["self_key"], at, keys),  # (N, h, max_steps, k)
+            ops.slice_update(cache["self_value"], at, values),
+        )
+        out, probs = self.self_attention(
+            y, None, mask, training=training, return_attention=return_attention, kv=kv
+        )
+        return out, (probs, kv)
 
 
 class _Stack(layers.Layer):
@@ -425,18 +486,22 @@ class _Stack(layers.Layer):
         if self.config.final_norm:
             self.final_norm.build(shape)
 
-    def embed(self, ids: Any, training: bool | None) -> Any:
-        """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d)."""
+    def embed(self, ids: Any, training: bool | None, start: Any = None) -> Any:
+        """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
+        start (a decode step's index), PE[start..start+L-1]."""
         c = self.config
         x = self.embedding(ids)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         length = ops.shape(ids)[1]
         if c.position_kind == "learned":
-            positions = self.position_embedding(ops.arange(length))  # (L, d)
+            pos = ops.arange(length)
+            positions = self.position_embedding(pos if start is None else pos + start)
         else:
             table_dtype = _statistics_dtype(self.compute_dtype)
-            positions = sinusoidal_positions(length, c.d_model, c.sinusoid_layout, table_dtype)
+            positions = sinusoidal_positions(
+                length, c.d_model, c.sinusoid_layout, table_dtype, start
+            )
         x = x + ops.cast(positions, x.dtype)[None]
         return self.dropout(x, training=training)
 
@@ -504,9 +569,29 @@ class Decoder(_Stack):
         memory_mask: Any,
         training: bool | None = None,
         return_attention: bool = False,
-    ) -> tuple[Any, list, list, list]:
+        cache: list[dict[str, Any]] | None = None,
+        index: Any = None,
+    ) -> tuple[Any, ...]:
         """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self-attention and
-        cross-attention probabilities per layer (or Nones), hidden states)."""
+        cross-attention probabilities per layer (or Nones), hidden states).
+
+        With `cache` (one entry per layer, tf_impl/decode.py), tgt_in is one position (N, 1) at
+        `index` and memory is unused; returns (output (N, 1, d), the new per-layer cache)."""
+        if cache is not None:
+            x = self.embed(tgt_in, training, start=index)
+            new_cache = []
+            for layer, layer_cache in zip(self.layers, cache, strict=True):
+                x, layer_cache = layer(
+                    x,
+                    None,
+                    self_mask,
+                    memory_mask,
+                    training=training,
+                    cache=layer_cache,
+                    index=index,
+                )
+                new_cache.append(layer_cache)
+            return self._finish(x), new_cache
         x = self.embed(tgt_in, training)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:

@@ -14,7 +14,8 @@ from common.config import TransformerConfig
 from common.errors import WeightFileError
 from common.format import check_tensors
 from common.inputs import check_inputs
-from torch_impl import train
+from common.search import check_row_ids, check_step_budget, check_stepper_request
+from torch_impl import decode, train
 from torch_impl.model import Transformer
 from torch_impl.weights import (
     export_canonical,
@@ -43,6 +44,54 @@ def to_numpy(t: torch.Tensor, *, exact: bool = False) -> np.ndarray:
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
         t = t.float()
     return t.numpy().copy()
+
+
+class TorchStepper:
+    """common.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
+    decoder re-run over the whole prefix (cached=False). Rows are src rows repeated `beams` times."""
+
+    def __init__(
+        self, model: TorchModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
+    ) -> None:
+        self.module, self.config = model.module, model.config
+        self.max_steps, self.steps = max_steps, 0
+        self.rows, self.device = src.shape[0] * beams, torch.device(model.device)
+        with torch.inference_mode():
+            src_t = torch.from_numpy(src).to(self.device)
+            if cached:
+                self.cache: decode.Cache | None = decode.init_cache(
+                    self.module, src_t, beams, max_steps
+                )
+            else:
+                self.cache = None
+                self.memory, self.src = decode.encode_rows(self.module, src_t, beams)
+                self.prefix = torch.zeros(self.rows, 0, dtype=torch.int64, device=self.device)
+
+    def _row_ids(self, ids: np.ndarray, name: str, high: int) -> torch.Tensor:
+        """ids as an (N,) int64 tensor on the model's device, each in [0, high)."""
+        return torch.from_numpy(check_row_ids(ids, name, self.rows, high)).to(self.device)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        check_step_budget(self.steps, self.max_steps)
+        tokens_t = self._row_ids(tokens, "tokens", self.config.tgt_vocab_size)
+        with torch.inference_mode():
+            if self.cache is not None:
+                logits, self.cache = decode.decode_step(self.module, tokens_t, self.cache)
+            else:
+                self.prefix = torch.cat([self.prefix, tokens_t[:, None]], dim=1)  # (N, t)
+                logits = decode.prefix_step(self.module, self.prefix, self.memory, self.src)
+        self.steps += 1
+        return to_numpy(logits)  # (N, V): float32 for bfloat16 and float32, else float64
+
+    def reorder(self, rows: np.ndarray) -> None:
+        rows_t = self._row_ids(rows, "rows", self.rows)
+        with torch.inference_mode():
+            if self.cache is not None:
+                self.cache = decode.reorder_cache(self.cache, rows_t)
+            else:
+                self.prefix, self.memory, self.src = (
+                    t.index_select(0, rows_t) for t in (self.prefix, self.memory, self.src)
+                )
 
 
 class TorchModel:
@@ -95,6 +144,12 @@ class TorchModel:
             encoder_hidden_states=arrays(enc_hidden) if hidden_states else None,
             decoder_hidden_states=arrays(dec_hidden) if hidden_states else None,
         )
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> TorchStepper:
+        src = check_stepper_request(self.config, src, beams, max_steps)
+        return TorchStepper(self, src, beams, max_steps, cached)
 
     def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Validated (src, tgt) ids on the model's device; tgt is the target, not shifted."""

@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
+
+if TYPE_CHECKING:  # decode.py imports this module; the layer only reads the cache it is given
+    from torch_impl.decode import LayerCache
 
 # -- masks (mirrors of common/masks.py) -------------------------------------------------------
 
@@ -122,17 +126,28 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
+    def keys_values(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
+        """K W^K and V W^V split into heads, (B, h, T_k, d_k) each: what a decode cache keeps."""
+        return self.split_heads(self.key(x_kv)), self.split_heads(self.value(x_kv))
+
     def forward(
-        self, x_q: Tensor, x_kv: Tensor, mask: Tensor, *, need_weights: bool = False
+        self,
+        x_q: Tensor,
+        x_kv: Tensor | None,
+        mask: Tensor,
+        *,
+        need_weights: bool = False,
+        kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
         Returns (output (B, T_q, d), probabilities (B, h, T_q, T_k) or None). need_weights takes
         the explicit path; otherwise the fused kernel, which never materialises probabilities.
+        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken instead
+        of x_kv (decoding with a cache, torch_impl/decode.py).
         """
         q = self.split_heads(self.query(x_q))  # (B, h, T_q, d_k)
-        k = self.split_heads(self.key(x_kv))  # (B, h, T_k, d_k)
-        v = self.split_heads(self.value(x_kv))  # (B, h, T_k, d_k)
+        k, v = self.keys_values(x_kv) if kv is None else kv  # (B, h, T_k, d_k) each
         p_drop = self.attention_dropout if self.training else 0.0
         if need_weights:
             context, probs = self.attend(q, k, v, mask, p_drop)
@@ -213,18 +228,32 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         self_mask: Tensor,
         memory_mask: Tensor,
         *,
         need_weights: bool = False,
+        cache: LayerCache | None = None,
+        index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, d) over memory (B, S, d). With a cache (torch_impl/decode.py), x is the one
+        position `index` (B, 1, d): its self-attention key and value are written into the cache
+        at `index` and the query attends the whole buffer (self_mask says which entries are
+        keys), and cross-attention takes the memory's cached keys and values (memory unused)."""
         y = sublayer_input(x, self.self_attention_norm, self.pre_norm)
-        out, self_probs = self.self_attention(y, y, self_mask, need_weights=need_weights)
+        self_kv = None
+        if cache is not None:
+            self_kv = cache.update(*self.self_attention.keys_values(y), index)
+        out, self_probs = self.self_attention(
+            y, y, self_mask, need_weights=need_weights, kv=self_kv
+        )
         x = residual(x, out, self.self_attention_norm, self.dropout, self.pre_norm)
 
         y = sublayer_input(x, self.cross_attention_norm, self.pre_norm)
-        out, cross_probs = self.cross_attention(y, memory, memory_mask, need_weights=need_weights)
+        cross_kv = None if cache is None else (cache.cross_key, cache.cross_value)
+        out, cross_probs = self.cross_attention(
+            y, memory, memory_mask, need_weights=need_weights, kv=cross_kv
+        )
         x = residual(x, out, self.cross_attention_norm, self.dropout, self.pre_norm)
 
         y = sublayer_input(x, self.feed_forward_norm, self.pre_norm)
@@ -235,19 +264,25 @@ class DecoderLayer(nn.Module):
 # -- stacks -----------------------------------------------------------------------------------
 
 
-def embed(stack: Encoder | Decoder, ids: Tensor) -> Tensor:
-    """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d)."""
+def position_table(stack: Encoder | Decoder, length: int) -> Tensor:
+    """Section 3.5: the position encodings of positions 0..length-1, (length, d)."""
+    c = stack.config
+    if stack.position_embedding is not None:  # learned; check_inputs refused L > max_len
+        return stack.position_embedding.weight[:length]
+    if length <= stack.sinusoid.shape[0]:
+        return stack.sinusoid[:length]
+    # Sinusoids extrapolate (section 3.5): a longer table for this call only.
+    return sinusoidal_positions(length, c.d_model, c.sinusoid_layout).to(stack.sinusoid.device)
+
+
+def embed(stack: Encoder | Decoder, ids: Tensor, positions: Tensor | None = None) -> Tensor:
+    """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d).
+    `positions` (L, d) replaces PE[0..L-1] (decoding one position at a time)."""
     c = stack.config
     x = stack.embedding(ids)  # (B, L, d)
     if c.scale_embeddings:
         x = x * math.sqrt(c.d_model)
-    length = ids.shape[1]
-    if stack.position_embedding is not None:  # learned; check_inputs refused L > max_len
-        pe = stack.position_embedding.weight[:length]
-    elif length <= stack.sinusoid.shape[0]:
-        pe = stack.sinusoid[:length]
-    else:  # sinusoids extrapolate (section 3.5): a longer table for this call only
-        pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout).to(stack.sinusoid.device)
+    pe = position_table(stack, ids.shape[1]) if positions is None else positions
     return stack.dropout(x + pe.to(x.dtype))
 
 

@@ -1,0 +1,125 @@
+"""Decoding speed: each framework's key/value cache against recomputing the whole prefix.
+
+    .venv/bin/python -m benchmarks.bench_decode [--frameworks torch tf jax] [--preset base]
+        [--batch 8] [--new-tokens 64] [--repeats 3] [--json]
+
+For each framework, greedy decoding (common/search.py) of `batch` rows for exactly `new_tokens`
+new tokens each (EOS does not stop it), timed side by side in one run (harness.time_side_by_side:
+warm-up, then cached, uncached, cached, uncached, ..., medians):
+
+- cached: the framework's decode.py step, O(1) in the prefix length (cross-attention keys and
+  values of the memory computed once, self-attention keys and values written one position at a
+  time into a preallocated buffer);
+- uncached: the decoder re-run over the whole prefix at every step (the memory is still encoded
+  once).
+
+It reports new tokens per second (batch * new_tokens / median time) and the speed-up cached /
+uncached, and checks that both decoded the same tokens. The source is `new_tokens - 50` tokens
+long with no padding, so the paper's limit (source length + 50) gives exactly `new_tokens`.
+Random weights in float32 on the CPU. The workload of issue 7 is the base config (32000-token
+vocabulary), batch 8, 64 new tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import base_benchmark_config, time_side_by_side
+from common.backends import get_backend, unavailable_reason
+from common.config import TransformerConfig, preset
+from common.init import init_weights
+from common.search import EXTRA_LEN, greedy_search
+
+FRAMEWORKS = ("torch", "tf", "jax")
+
+
+def decode_source(c: TransformerConfig, batch: int, new_tokens: int, seed: int = 0) -> np.ndarray:
+    """(batch, new_tokens - 50) source ids without padding or special tokens."""
+    length = new_tokens - EXTRA_LEN
+    if length < 1:
+        raise ValueError(f"new_tokens must exceed {EXTRA_LEN}, got {new_tokens}")
+    rng = np.random.default_rng(seed)
+    return rng.integers(3, c.src_vocab_size, size=(batch, length), dtype=np.int64)
+
+
+def measure(
+    framework: str, c: TransformerConfig, batch: int, new_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """Median seconds, tokens/s and the speed-up for one framework."""
+    weights = init_weights(c, seed=0, scheme="paper")
+    model = get_backend(framework).build(c, weights, dtype="float32")
+    src = decode_source(c, batch, new_tokens)
+    runs = {
+        mode: partial(
+            greedy_search,
+            partial(model.stepper, cached=mode == "cached"),
+            c,
+            src,
+            stop_at_eos=False,
+        )
+        for mode in ("cached", "uncached")
+    }
+    tokens = {mode: run().padded(c.pad_id) for mode, run in runs.items()}
+    assert tokens["cached"].shape == (batch, new_tokens)
+    same = bool(np.array_equal(tokens["cached"], tokens["uncached"]))
+    seconds = time_side_by_side(runs, repeats=repeats, warmup=1, progress=sys.stderr.isatty())
+    per_s = {mode: batch * new_tokens / s for mode, s in seconds.items()}
+    return {
+        "framework": framework,
+        "version": get_backend(framework).version(),
+        "median_s": seconds,
+        "tokens_per_s": per_s,
+        "speedup": per_s["cached"] / per_s["uncached"],
+        "same_tokens": same,
+        "workload": {"batch": batch, "new_tokens": new_tokens, "src_len": int(src.shape[1])},
+    }
+
+
+def format_result(r: dict[str, Any]) -> str:
+    t, s = r["tokens_per_s"], r["median_s"]
+    return (
+        f"{r['framework']:<6} {r['version']:<22} cached {t['cached']:9,.0f} tok/s "
+        f"({s['cached']:6.2f} s)   uncached {t['uncached']:9,.0f} tok/s ({s['uncached']:6.2f} s)"
+        f"   cached/uncached {r['speedup']:5.1f}x   same tokens: {'yes' if r['same_tokens'] else 'NO'}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument("--preset", choices=("tiny", "base", "big"), default="base")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    c = base_benchmark_config() if args.preset == "base" else preset(args.preset)
+    if args.preset == "tiny":
+        c = c.replace(max_len=max(c.max_len, args.new_tokens + 1))
+    results, skipped = [], {}
+    for framework in args.frameworks:
+        reason = unavailable_reason(framework)
+        if reason:
+            skipped[framework] = reason
+            continue
+        print(f"{framework}: decoding ...", file=sys.stderr, flush=True)
+        results.append(measure(framework, c, args.batch, args.new_tokens, args.repeats))
+        if not args.json:
+            print(format_result(results[-1]), flush=True)
+    if args.json:
+        print(json.dumps({"results": results, "skipped": skipped}, indent=2))
+    for name, reason in skipped.items():
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    return 0 if all(r["same_tokens"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
