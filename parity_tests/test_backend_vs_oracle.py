@@ -88,3 +88,17 @@ def test_base_config_float64_matches_oracle(backend):
     for name, value in got.named().items():
         diff = max_abs_diff(value, want.named()[name])
         assert diff <= atol_for("float64"), f"{name} off by {diff:.3g}"
+
+
+def test_head_dim_one_with_as_many_heads_as_positions(backend):
+    """Regression (found by test_properties.py): d_k = 1 and T = h. Keras 3.15's TF `ops.add`
+    added the (h, 1) per-head bias along T (tf_impl/model.py, HeadProjection)."""
+    from common.config import preset
+
+    config = preset("tiny").replace(d_model=2, num_heads=2, d_ff=4, bos_id=0, eos_id=1)
+    weights = init_weights(config, seed=0, scheme="perturbed")
+    src, tgt_in = np.array([[3, 4]]), np.array([[0, 5]])  # S = T = h = 2
+    want = reference.forward(weights, config, src, tgt_in)
+    got = backend.build(config, weights, dtype="float64").forward(src, tgt_in, attention=True)
+    for name, array in want.named().items():
+        assert max_abs_diff(got.named()[name], array) <= atol_for("float64", config), name

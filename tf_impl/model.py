@@ -94,6 +94,20 @@ def _config_from(value: TransformerConfig | dict) -> TransformerConfig:
 # -- layers -----------------------------------------------------------------------------------
 
 
+class HeadProjection(layers.EinsumDense):
+    """layers.EinsumDense with its bias added by `+` rather than `ops.add`.
+
+    Keras 3.15's TensorFlow `ops.add` treats a second operand that squeezes to a vector as a bias
+    and calls tf.nn.bias_add, in NCHW layout when the vector's length matches x.shape[1] but not
+    x.shape[-1] (keras/src/backend/tensorflow/numpy.py, `add`). A per-head bias (h, d_k) with
+    d_k = 1 on (B, T, h, 1) with T = h is then added along T instead of h: wrong attention
+    probabilities, found by the property test. `+` on tensors broadcasts as numpy does."""
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        x = ops.einsum(self.equation, inputs, self.kernel)
+        return x if self.bias is None else x + ops.convert_to_tensor(self.bias, x.dtype)
+
+
 class MultiHeadAttention(layers.Layer):
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
     head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), with Attention from Eq. (1).
@@ -119,13 +133,11 @@ class MultiHeadAttention(layers.Layer):
         bias = "nk" if use_bias else None
         policy = self.dtype_policy
         shape = (None, num_heads, key_dim)
-        self.query = layers.EinsumDense(
+        self.query = HeadProjection(
             "btd,dnk->btnk", shape, bias_axes=bias, name="query", dtype=policy
         )
-        self.key = layers.EinsumDense(
-            "bsd,dnk->bsnk", shape, bias_axes=bias, name="key", dtype=policy
-        )
-        self.value = layers.EinsumDense(
+        self.key = HeadProjection("bsd,dnk->bsnk", shape, bias_axes=bias, name="key", dtype=policy)
+        self.value = HeadProjection(
             "bsd,dnk->bsnk", shape, bias_axes=bias, name="value", dtype=policy
         )
         self.dropout = layers.Dropout(dropout, dtype=policy)
@@ -138,7 +150,7 @@ class MultiHeadAttention(layers.Layer):
         # Created here because W^O's width (d_model) comes from the query's shape. `output` is a
         # read-only property of every Keras layer, hence the longer attribute name; the layer's
         # name (and so its variables' paths) is still "output".
-        self.output_projection = layers.EinsumDense(
+        self.output_projection = HeadProjection(
             "btnk,nkd->btd",
             (None, query_shape[-1]),
             bias_axes="d" if self.use_bias else None,
