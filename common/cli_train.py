@@ -12,6 +12,7 @@ import numpy as np
 
 from common.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
 from common.cli import EXIT_FAILURE, EXIT_OK, UsageError, positive_int
+from common.config import TransformerConfig
 from common.format import META_TASK, load_weights, save_weights
 from common.masks import shift_right
 from common.progress import ProgressBar
@@ -22,7 +23,10 @@ TRAINABLE = tuple(f for f in FRAMEWORKS if f != "numpy")
 DEMO_INPUTS = ("7", "13", "80", "105", "2026", "40213", "115000", "999999")
 
 
-def build(framework: str, config: object, weights: dict[str, np.ndarray], dtype: str) -> Model:
+def build(
+    framework: str, config: TransformerConfig, weights: dict[str, np.ndarray], dtype: str
+) -> Model:
+    """The framework's model, or a one-line UsageError naming why the framework cannot run."""
     reason = unavailable_reason(framework)
     if reason is not None:
         raise UsageError(f"--framework {framework}: {reason}")

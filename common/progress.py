@@ -11,7 +11,9 @@ from typing import TextIO
 class ProgressBar:
     """`[#####.....]  750/1500  loss 1.234  9,876 tok/s  12s` for `total` steps."""
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 24):
+    def __init__(
+        self, total: int, label: str, stream: TextIO | None = None, width: int = 24
+    ) -> None:
         self.total, self.label, self.width = total, label, width
         self.stream = stream if stream is not None else sys.stderr
         self.live = self.stream.isatty()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
@@ -69,7 +68,7 @@ def decode(model: Model, src: np.ndarray, *, beam: int = 1) -> Decoded:
     """Greedy (beam 1) or beam search (common/search.py) with the model's cached stepper."""
     if beam == 1:
         return greedy_search(model.stepper, model.config, src)
-    return beam_search(partial(model.stepper, cached=True), model.config, src, beam=beam)
+    return beam_search(model.stepper, model.config, src, beam=beam)
 
 
 def translate(model: Model, task: Task, texts: list[str], *, beam: int = 1) -> list[str]:
