@@ -292,7 +292,12 @@ def native_stderr_silenced() -> Iterator[None]:
         yield
         return
     sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        saved = os.dup(2)
+    except OSError:  # stderr is closed (`2>&-`): there is nothing to hide
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
         yield

@@ -16,13 +16,27 @@ from typing import Any, NoReturn  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from common.backends import FRAMEWORKS, get_backend  # noqa: E402
+from common.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
 from common.config import PRESETS, TransformerConfig, preset  # noqa: E402
 from common.errors import RosettaError  # noqa: E402
-from common.format import WeightFile, atomic_write, load_weights  # noqa: E402
+from common.format import (  # noqa: E402
+    WeightFile,
+    describe_nonfinite,
+    load_weights,
+    nonfinite_counts,
+)
 from common.init import init_weights  # noqa: E402
 from common.inputs import check_inputs, ragged_batch  # noqa: E402
 from common.names import canonical_specs, embedding_names, parameter_count  # noqa: E402
+from common.outputs import (  # noqa: E402
+    Interrupted,
+    atomic_write,
+    check_output_file,
+    check_output_folder,
+    shown,
+    signals_end_cleanly,
+)
+from common.resources import check_fits, check_forward_fits, weights_bytes  # noqa: E402
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -53,6 +67,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         tensors = [
             {"name": n, "shape": list(t.shape), "dtype": wf.dtype} for n, t in wf.tensors.items()
         ]
+        nonfinite = nonfinite_counts(wf.tensors)
     else:
         if args.config:
             config, source = TransformerConfig.from_file(args.config), args.config
@@ -72,6 +87,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
             {"name": s.name, "shape": list(s.shape), "dtype": args.dtype}
             for s in canonical_specs(config)
         ]
+        nonfinite = {}
     emb = embedding_names(config)
     tied = {role: name for role, name in emb.items() if list(emb.values()).count(name) > 1}
     return {
@@ -82,6 +98,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         "tensor_count": len(tensors),
         "parameters": parameter_count(config),
         "tied": tied,
+        "nonfinite": nonfinite,
     }
 
 
@@ -104,10 +121,14 @@ def print_inspect(report: dict[str, Any]) -> None:
     if report["tied"]:
         shared = ", ".join(f"{role} -> {name}" for role, name in report["tied"].items())
         print(f"stored once and shared: {shared}")
+    if report["nonfinite"]:
+        print(f"WARNING: {describe_nonfinite(report['nonfinite'], limit=len(report['nonfinite']))}")
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     report = inspect_report(args)
+    if report["nonfinite"]:
+        warn(f"{shown(report['source'])}: {describe_nonfinite(report['nonfinite'])}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -160,11 +181,15 @@ def config_and_weights(
         asked = preset(args.preset)
     if getattr(args, "weights", None):
         wf: WeightFile = load_weights(args.weights, config=asked)
+        found = nonfinite_counts(wf.tensors)
+        if found:
+            warn(f"{shown(args.weights)}: {describe_nonfinite(found)}; outputs will not be finite")
         return wf.config, wf.tensors, f"{args.weights} ({wf.dtype}, by {wf.producer})"
     if asked is None:
         if default_preset is None:
             raise UsageError("give --weights FILE, or --preset/--config for random weights")
         asked = preset(default_preset)
+    check_fits(weights_bytes(asked), "random float64 weights for this config")
     # The "perturbed" scheme: random biases and gains, so that a dropped bias cannot hide.
     weights = init_weights(asked, seed=args.seed, scheme="perturbed", dtype="float64")
     name = args.config or f"preset {args.preset or default_preset}"
@@ -172,29 +197,20 @@ def config_and_weights(
 
 
 def load_ids(path: str, name: str) -> np.ndarray:
-    """An integer id array from a .npy file, with a one-line error for anything else."""
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UsageError(f"{name}: no such file {path}") from None
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"{name}: {path} is not a readable .npy array ({exc})") from None
+    """An integer id array [batch, length] from a .npy file, with a one-line error for anything
+    else; the header is checked before any data is read (common.safe_read)."""
+    from common.safe_read import read_ids
+
+    return read_ids(path, name)
 
 
 def load_inputs(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [k for k in ("src", "tgt") if k not in npz.files]
-            if missing:
-                raise UsageError(
-                    f"--inputs: {path} lacks {', '.join(missing)} (has {', '.join(npz.files) or 'nothing'})"
-                )
-            return npz["src"], npz["tgt"]
-    except FileNotFoundError:
-        raise UsageError(f"--inputs: no such file {path}") from None
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"--inputs: {path} is not a readable .npz file ({exc})") from None
+    """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS),
+    each member's header checked before it is read (common.safe_read)."""
+    from common.safe_read import read_ids_npz
+
+    src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
+    return src, tgt
 
 
 def frameworks_arg(text: str) -> list[str]:
@@ -205,6 +221,25 @@ def frameworks_arg(text: str) -> list[str]:
             f"unknown framework {', '.join(map(repr, unknown)) or 'list'}; choose from {','.join(FRAMEWORKS)}"
         )
     return names
+
+
+SEED_MAX = 2**32 - 1  # the widest seed every framework's generator takes (JAX keys are uint32)
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: a seed from 0 to 2**32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {value}")
+    return value
+
+
+def warn(message: str) -> None:
+    """One line on stderr that does not stop the command."""
+    print(f"rosetta: warning: {message}", file=sys.stderr)
 
 
 def positive_int(text: str) -> int:
@@ -228,11 +263,17 @@ def run_parity_command(args: argparse.Namespace) -> int:
             "--frameworks names only the oracle, which always runs; add torch, tf or jax"
         )
     config, weights, source = config_and_weights(args, default_preset="tiny")
+    models = len(args.frameworks) + 1  # every framework's outputs and the oracle's are kept
     if args.inputs:
-        src, tgt_in = load_inputs(args.inputs)
+        src, tgt_in = check_inputs(config, *load_inputs(args.inputs))
+        shape = (src.shape[0], src.shape[1], tgt_in.shape[1])
+        check_forward_fits(config, *shape, models=models, what="this parity run")
     else:
-        src, tgt_in = ragged_batch(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
-    src, tgt_in = check_inputs(config, src, tgt_in)
+        shape = (args.batch, args.src_len, args.tgt_len)
+        check_forward_fits(config, *shape, models=models, what="this parity run")
+        src, tgt_in = check_inputs(config, *ragged_batch(config, *shape, seed=args.seed))
+    plot_layer = check_plot_request(args, config, src.shape[0])
+    check_devices_visible(args.frameworks, args.device)
     progress = None if args.json else stderr_progress
     report = run_parity(
         config,
@@ -248,12 +289,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
     if args.plot:
         from common.plots import plot_attention
 
-        layer = args.plot_layer if args.plot_layer is not None else config.num_decoder_layers - 1
-        if not 0 <= layer < min(config.num_encoder_layers, config.num_decoder_layers):
-            raise UsageError(f"--plot-layer {layer} is outside the model's layers")
-        if not 0 <= args.plot_head < config.num_heads or not 0 <= args.plot_row < src.shape[0]:
-            raise UsageError("--plot-head or --plot-row is outside the model's heads or the batch")
-        plots = plot_attention(report, args.plot, layer, args.plot_head, args.plot_row)
+        plots = plot_attention(report, args.plot, plot_layer, args.plot_head, args.plot_row)
     if args.json:
         print(
             json.dumps(
@@ -280,6 +316,40 @@ def run_parity_command(args: argparse.Namespace) -> int:
     return EXIT_OK if report.passed else EXIT_FAILURE
 
 
+def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows: int) -> int:
+    """parity --plot: the layer, head and row exist and the PNGs can be written; checked before
+    any framework runs. Returns the layer."""
+    layer = args.plot_layer if args.plot_layer is not None else config.num_decoder_layers - 1
+    if not args.plot:
+        return layer
+    layers = min(config.num_encoder_layers, config.num_decoder_layers)
+    if not 0 <= layer < layers:
+        raise UsageError(f"--plot-layer {layer} is outside the model's layers 0..{layers - 1}")
+    if not 0 <= args.plot_head < config.num_heads:
+        raise UsageError(
+            f"--plot-head {args.plot_head} is outside the model's heads 0..{config.num_heads - 1}"
+        )
+    if not 0 <= args.plot_row < rows:
+        raise UsageError(f"--plot-row {args.plot_row} is outside the batch rows 0..{rows - 1}")
+    from common.plots import attention_plot_names
+
+    names = attention_plot_names(layer, args.plot_head)
+    check_output_folder(args.plot, names, what="--plot", force=args.force)
+    return layer
+
+
+def check_devices_visible(frameworks: Sequence[str], device: str) -> None:
+    """--device gpu with no GPU visible to any requested framework is bad input (exit 2), as in
+    `rosetta forward`; with some frameworks on a GPU, the others are skipped with the reason."""
+    if device == "cpu":
+        return
+    from common.parity import resolve_devices
+
+    runnable = [f for f in frameworks if f != "numpy" and unavailable_reason(f) is None]
+    if runnable and not any(resolve_devices(f, get_backend(f).devices(), device) for f in runnable):
+        raise UsageError(f"--device {device}: no GPU is visible to {', '.join(runnable)}")
+
+
 def add_model_arguments(p: argparse.ArgumentParser, default_preset: str | None) -> None:
     which = p.add_argument_group("model")
     which.add_argument(
@@ -295,7 +365,7 @@ def add_model_arguments(p: argparse.ArgumentParser, default_preset: str | None) 
         "given too must match it)",
     )
     which.add_argument(
-        "--seed", type=int, default=0, help="seed for random weights and inputs (default 0)"
+        "--seed", type=seed_int, default=0, help="seed for random weights and inputs (default 0)"
     )
 
 
@@ -352,6 +422,7 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the whole report as JSON")
     out.add_argument("--plot", metavar="DIR", help="write attention heatmaps (PNG) to DIR")
+    out.add_argument("--force", action="store_true", help="overwrite heatmaps already in DIR")
     out.add_argument(
         "--plot-layer", type=int, metavar="L", help="layer to plot (default: the last)"
     )
@@ -374,8 +445,13 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
 def run_forward_command(args: argparse.Namespace) -> int:
     from common.parity import resolve_devices
 
+    out_path = check_output_file(
+        args.out, force=args.force, suffix=".npz", inputs=(args.weights, args.src, args.tgt)
+    )
+    raw_src, raw_tgt = load_ids(args.src, "--src"), load_ids(args.tgt, "--tgt")
     config, weights, _ = config_and_weights(args, default_preset=None)
-    src, tgt_in = check_inputs(config, load_ids(args.src, "--src"), load_ids(args.tgt, "--tgt"))
+    src, tgt_in = check_inputs(config, raw_src, raw_tgt)
+    check_forward_fits(config, src.shape[0], src.shape[1], tgt_in.shape[1], 1, "this forward pass")
     backend = get_backend(args.framework)
     if args.dtype not in backend.dtypes:
         raise UsageError(
@@ -384,9 +460,6 @@ def run_forward_command(args: argparse.Namespace) -> int:
     devices = resolve_devices(args.framework, backend.devices(), args.device)
     if not devices:
         raise UsageError(f"no {args.device} device is visible to {args.framework}")
-    out_path = Path(args.out)
-    if not out_path.parent.is_dir():
-        raise UsageError(f"--out: folder {out_path.parent} does not exist")
     model = backend.build(config, weights, dtype=args.dtype, device=devices[0])
     arrays = model.forward(src, tgt_in, attention=not args.no_attention).named()
 
@@ -444,6 +517,7 @@ def add_forward(sub: argparse._SubParsersAction) -> None:
         help="skip the attention maps (takes the fused attention path)",
     )
     p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write the arrays")
+    p.add_argument("--force", action="store_true", help="overwrite OUT.npz if it exists")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(run=run_forward_command, seed=0)
 
@@ -462,6 +536,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
         to_kind=args.to_kind,
         config=config,
         force=args.force,
+        allow_nonfinite=args.allow_nonfinite,
     )
     if args.json:
         print(
@@ -524,6 +599,11 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "nn-transformer)",
     )
     p.add_argument("--force", action="store_true", help="overwrite DST if it exists")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="convert weights that hold NaN or Inf (refused by default)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=run_convert_command)
 
@@ -538,7 +618,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.vocab is not None:
         config = config.replace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
     config = config.replace(dropout=0.0, attention_dropout=0.0)  # eval mode
+    if args.frameworks is not None and set(args.frameworks) <= {"numpy"}:
+        raise UsageError("--frameworks: bench times torch, tf and jax; the oracle has no peer")
     frameworks = [f for f in (args.frameworks or BENCH_FRAMEWORKS) if f != "numpy"]
+    # each framework holds its model and its peer: twice the weights and activations
+    check_forward_fits(
+        config, args.batch, args.src_len, args.tgt_len, 2 * len(frameworks), "this benchmark"
+    )
     progress = None if args.json else (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
     result = run_bench(
         frameworks, config, args.batch, args.src_len, args.tgt_len, args.repeats, progress
@@ -616,21 +702,65 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Every error a user can cause ends here as one line on stderr and exit
+    2; a termination signal as one line and 128 + its number, after removing partial files."""
+    _replace_closed_streams()
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if not hasattr(args, "run"):
-            parser.print_help()
-            return EXIT_BAD_INPUT
-        return args.run(args)
+        with signals_end_cleanly():
+            args = parser.parse_args(argv)
+            if not hasattr(args, "run"):
+                raise UsageError(
+                    "no command given; choose one of demo, train, translate, parity, forward, "
+                    "convert, bench, inspect (see 'rosetta --help')"
+                )
+            # Non-finite values are reported once, by name (see config_and_weights); numpy's
+            # own RuntimeWarnings about NaN arithmetic would only add lines after that.
+            with np.errstate(all="ignore"):
+                code = args.run(args)
+            sys.stdout.flush()  # a full disk or a closed pipe shows here, not after exit
+            return code
     except RosettaError as exc:
-        print(f"rosetta: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(str(exc))
+    except MemoryError:
+        return _fail("out of memory; try a smaller batch, length or model")
     except KeyboardInterrupt:
         print("rosetta: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as exc:
+        print(f"rosetta: stopped by {exc}; no partial file was left", file=sys.stderr)
+        return 128 + exc.signum
     except BrokenPipeError:  # `rosetta inspect ... | head`
+        _silence_stdout()
         return EXIT_OK
+    except OSError as exc:  # e.g. stdout on a full disk, or a write that the system refused
+        _silence_stdout()
+        where = shown(exc.filename) if exc.filename else "the output"
+        return _fail(f"cannot write {where}: {exc.strerror or exc}")
+
+
+def _fail(message: str) -> int:
+    print(f"rosetta: error: {shown(message or 'failed')}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _replace_closed_streams() -> None:
+    """Python sets sys.stdout/sys.stderr to None when fd 1 or 2 was closed at start
+    (`rosetta ... 2>&-`); write to the null device instead of failing on the first print."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the process
+
+
+def _silence_stdout() -> None:
+    """After stdout failed, point it at the null device so the interpreter's own flush at exit
+    does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

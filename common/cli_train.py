@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from common.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
-from common.cli import EXIT_FAILURE, EXIT_OK, UsageError, positive_int
+from common.cli import EXIT_FAILURE, EXIT_OK, UsageError, positive_int, seed_int
 from common.config import TransformerConfig
-from common.format import META_TASK, load_weights, save_weights
+from common.format import META_TASK, check_finite, load_weights, save_weights
 from common.masks import shift_right
+from common.outputs import check_output_file, check_output_folder, make_folder
 from common.progress import ProgressBar
 from common.tasks import TASKS, Task, get_task
 from common.trainer import exact_match, initial_weights, train, translate
@@ -33,15 +34,9 @@ def build(
     return get_backend(framework).build(config, weights, dtype=dtype)
 
 
-def check_out_path(path: Path, suffix: str) -> None:
-    """Refuse an output path that cannot be written before minutes of training, not after."""
-    if path.is_dir():
-        raise UsageError(f"--out: {path} is a folder; give a file name ending in {suffix}")
-    if not path.name.endswith(suffix):
-        raise UsageError(f"--out: {path} should end in {suffix}")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"--out: folder {folder} does not exist")
+def loss_plot_path(out: Path) -> Path:
+    """`rosetta train --plot`'s PNG beside the weights: FILE.loss.png."""
+    return out.with_name(out.name.removesuffix(".safetensors") + ".loss.png")
 
 
 def run_training(model: Model, task: Task, steps: int, seed: int, label: str) -> list[float]:
@@ -65,12 +60,20 @@ def run_training(model: Model, task: Task, steps: int, seed: int, label: str) ->
 
 def run_train_command(args: argparse.Namespace) -> int:
     task = get_task(args.task)
-    out = Path(args.out)
-    check_out_path(out, ".safetensors")
-    config, weights = initial_weights(task, args.seed)
+    # Every destination is checked before minutes of training, not after.
+    out = check_output_file(
+        args.out, force=args.force, suffix=".safetensors", inputs=(args.weights,)
+    )
+    if args.plot:
+        check_output_file(loss_plot_path(out), what="--plot", force=args.force)
+    if args.weights:
+        config, weights = resume_weights(task, args.weights, args.allow_nonfinite)
+    else:
+        config, weights = initial_weights(task, args.seed)
     model = build(args.framework, config, weights, args.dtype)
+    steps = args.steps or task.steps
     print(f"task {task.name}: {task.description}")
-    losses = run_training(model, task, args.steps, args.seed, f"train {args.framework}")
+    losses = run_training(model, task, steps, args.seed, f"train {args.framework}")
     accuracy, _ = exact_match(model, task, task.test_pairs())
     print(f"test exact match (greedy, {task.test_size} held-out pairs): {accuracy:.1%}")
     save_weights(out, model.export(), config, get_backend(args.framework).version(), task=task.name)
@@ -78,7 +81,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     if args.plot:
         from common.plots import plot_loss_curve
 
-        png = out.with_name(out.name.removesuffix(".safetensors") + ".loss.png")
+        png = loss_plot_path(out)
         plot_loss_curve(losses, png, f"{task.name}, {args.framework}: training loss")
         print(f"wrote {png}")
     return EXIT_OK
@@ -99,11 +102,25 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", required=True, choices=TRAINABLE)
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
     p.add_argument(
-        "--steps", type=positive_int, default=None, help="training steps (default: the task's)"
+        "--steps",
+        type=positive_int,
+        default=None,
+        help=f"training steps (default: the task's; numbers: {get_task('numbers').steps})",
     )
     p.add_argument("--out", required=True, metavar="FILE.safetensors")
+    p.add_argument("--force", action="store_true", help="overwrite FILE (and FILE.loss.png)")
     p.add_argument("--plot", action="store_true", help="also write the loss curve, FILE.loss.png")
-    p.add_argument("--seed", type=int, default=0, help="seed for the weights and the batches")
+    p.add_argument(
+        "--weights",
+        metavar="FILE.safetensors",
+        help="start from these weights (resume or fine-tune) instead of a fresh initialisation",
+    )
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="start from --weights that hold NaN or Inf (refused by default)",
+    )
+    p.add_argument("--seed", type=seed_int, default=0, help="seed for the weights and the batches")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.set_defaults(run=run_train_command)
 
@@ -111,9 +128,11 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 # -- translate --------------------------------------------------------------------------------
 
 
-def load_task_model(
-    framework: str, path: str, task_name: str | None, dtype: str
-) -> tuple[Model, Task]:
+def load_task_weights(
+    path: str, task_name: str | None, allow_nonfinite: bool
+) -> tuple[Task, dict[str, np.ndarray]]:
+    """The task a weight file was trained on (its metadata, or `task_name`) and its weights,
+    refused when they do not fit the task's model or hold NaN/Inf (unless allowed)."""
     wf = load_weights(path)
     name = task_name or wf.metadata.get(META_TASK)
     if name is None:
@@ -121,11 +140,29 @@ def load_task_model(
     task = get_task(name)
     if task.config() != wf.config:
         raise UsageError(f"--weights: {path} holds a model of another shape than task {name}'s")
-    return build(framework, wf.config, wf.tensors, dtype), task
+    check_finite(path, wf.tensors, allow_nonfinite)
+    return task, wf.tensors
+
+
+def resume_weights(
+    task: Task, path: str, allow_nonfinite: bool
+) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """`rosetta train --weights`: the task's config and the file's weights."""
+    found, weights = load_task_weights(path, task.name, allow_nonfinite)
+    return found.config(), weights
+
+
+def load_task_model(
+    framework: str, path: str, task_name: str | None, dtype: str, allow_nonfinite: bool = False
+) -> tuple[Model, Task]:
+    task, weights = load_task_weights(path, task_name, allow_nonfinite)
+    return build(framework, task.config(), weights, dtype), task
 
 
 def run_translate_command(args: argparse.Namespace) -> int:
-    model, task = load_task_model(args.framework, args.weights, args.task, args.dtype)
+    model, task = load_task_model(
+        args.framework, args.weights, args.task, args.dtype, args.allow_nonfinite
+    )
     outputs = translate(model, task, args.text, beam=args.beam)
     if args.json:
         print(
@@ -154,6 +191,11 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=positive_int, default=1, help="beam size (default 1: greedy)")
     p.add_argument("--task", help="the task, for a weight file that does not name one")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="decode with weights that hold NaN or Inf (refused by default)",
+    )
     p.add_argument("--json", action="store_true", help="print the translations as JSON")
     p.set_defaults(run=run_translate_command)
 
@@ -180,6 +222,15 @@ def float32_logit_gap(
     return gap, float(np.abs(logits[0]).max())
 
 
+def demo_file_names(task: Task) -> dict[str, str]:
+    """What `rosetta demo` writes into its folder."""
+    return {
+        "weights": f"{task.name}.safetensors",
+        "loss": "loss.png",
+        "attention": "cross_attention.png",
+    }
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     from common.parity import format_table, run_parity, summary_line
     from common.plots import plot_cross_attention, plot_loss_curve
@@ -187,12 +238,12 @@ def run_demo_command(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     task = get_task(args.task)
     folder = Path(args.out)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--out: {folder} exists and is not a folder")
-    task.encode_sources([args.example])  # a bad --example fails now, not after training
+    names = demo_file_names(task)
+    # Every check before training: the folder, its files, the example and the framework.
+    check_output_folder(folder, names.values(), what="--out", force=args.force)
+    task.encode_sources([args.example])
     config, weights = initial_weights(task, args.seed)
-    trained = build(args.framework, config, weights, "float32")  # an unusable framework fails now
-    folder.mkdir(parents=True, exist_ok=True)
+    trained = build(args.framework, config, weights, "float32")
     others = [f for f in TRAINABLE if f != args.framework]
     skipped = {f: unavailable_reason(f) for f in others if unavailable_reason(f)}
     others = [f for f in others if f not in skipped]
@@ -204,7 +255,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     accuracy, reference_outputs = exact_match(trained, task, pairs)
     print(f"   test exact match (greedy, {len(pairs)} held-out pairs): {accuracy:.1%}")
 
-    weights_path = folder / f"{task.name}.safetensors"
+    weights_path = folder / names["weights"]
+    make_folder(folder, "--out")
     producer = get_backend(args.framework).version()
     save_weights(weights_path, trained.export(), config, producer, task=task.name)
     print(f"\n2. export: {weights_path}, loaded into {', '.join(others) or 'nothing else'}")
@@ -269,11 +321,11 @@ def run_demo_command(args: argparse.Namespace) -> int:
         probs,
         [task.source.vocab[i] for i in ex_src[0]],
         [task.target.vocab[i] for i in ex_tgt_in[0]],
-        folder / "cross_attention.png",
+        folder / names["attention"],
         f"{args.framework}: cross-attention of the last decoder layer, '{example}' -> '{ex_out}'",
     )
     curve = plot_loss_curve(
-        losses, folder / "loss.png", f"{task.name}, {args.framework}: training loss"
+        losses, folder / names["loss"], f"{task.name}, {args.framework}: training loss"
     )
 
     print(f"\n5. files (in {time.perf_counter() - began:.0f} s)")
@@ -305,5 +357,8 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=positive_int, default=4, help="beam size to show (default 4)")
     p.add_argument("--example", default="40213", help="the input whose attention is drawn")
     p.add_argument("--out", default="rosetta-demo", metavar="DIR", help="default ./rosetta-demo")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--force", action="store_true", help="overwrite the files of an earlier demo in DIR"
+    )
+    p.add_argument("--seed", type=seed_int, default=0)
     p.set_defaults(run=run_demo_command)

@@ -15,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from common.safe_read import (
+    MAX_CONFIG_BYTES,
+    MAX_LISTED,
+    MAX_QUOTED_CHARS,
+    FileProblem,
+    MissingFile,
+    brief,
+    parse_json,
+    read_json,
+    shown,
+)
 
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -92,35 +103,47 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Build from a dict. Unknown keys are an error naming each, with the nearest real field."""
+        """Build from a dict. Unknown keys are an error naming each, with the nearest real field;
+        each field's type and range is checked by validation_problems."""
         if not isinstance(data, dict):
             raise ConfigError([f"a config must be a JSON object, got {type(data).__name__}"])
         known = [f.name for f in fields(cls)]
         unknown = [k for k in data if k not in known]
         if unknown:
             problems = []
-            for key in unknown:
-                near = difflib.get_close_matches(str(key), known, n=1)
+            for key in unknown[:MAX_LISTED]:
+                # A long key is no near miss; difflib would also spend quadratic time on it.
+                near = difflib.get_close_matches(str(key), known, n=1) if len(str(key)) < 64 else []
                 hint = f" (did you mean '{near[0]}'?)" if near else ""
-                problems.append(f"{key}: unknown config field{hint}")
+                problems.append(f"{shown(str(key))[:MAX_QUOTED_CHARS]}: unknown config field{hint}")
+            if len(unknown) > MAX_LISTED:
+                problems.append(f"and {len(unknown) - MAX_LISTED} more unknown config fields")
             raise ConfigError(problems)
         return cls(**data)
 
     @classmethod
     def from_json(cls, text: str) -> TransformerConfig:
+        """Parse JSON text (at most MAX_CONFIG_BYTES, nested at most MAX_JSON_DEPTH deep)."""
+        if isinstance(text, str) and len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                [f"the JSON text is {len(text)} characters, over the limit of {MAX_CONFIG_BYTES}"]
+            )
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([f"not valid JSON ({exc.msg} at line {exc.lineno})"]) from None
+            data = parse_json(text)
+        except FileProblem as exc:
+            raise ConfigError([exc.problem]) from None
         return cls.from_dict(data)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TransformerConfig:
+        """Read a JSON config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError([f"cannot read config file {path}: {exc.strerror}"]) from None
-        return cls.from_json(text)
+            data = read_json(path, "a config file", MAX_CONFIG_BYTES)
+        except MissingFile:
+            raise ConfigError([f"no such config file {shown(path)}"]) from None
+        except FileProblem as exc:
+            raise ConfigError([str(exc)]) from None
+        return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
@@ -172,29 +195,29 @@ def validation_problems(c: TransformerConfig) -> list[str]:
     for name in _INT_FIELDS:
         value = getattr(c, name)
         if not _is_int(value):
-            problems.append(f"{name}: must be an integer >= 1, got {value!r}")
+            problems.append(f"{name}: must be an integer >= 1, got {brief(value)}")
         elif value < 1:
             problems.append(f"{name}: must be >= 1, got {value}")
     for name in _ID_FIELDS:
         value = getattr(c, name)
         if not _is_int(value) or value < 0:
-            problems.append(f"{name}: must be an integer >= 0, got {value!r}")
+            problems.append(f"{name}: must be an integer >= 0, got {brief(value)}")
     for name in _BOOL_FIELDS:
         value = getattr(c, name)
         if not isinstance(value, bool):
-            problems.append(f"{name}: must be true or false, got {value!r}")
+            problems.append(f"{name}: must be true or false, got {brief(value)}")
     for name in _PROBABILITY_FIELDS:
         value = getattr(c, name)
         if not _is_number(value) or not 0.0 <= value < 1.0:
-            problems.append(f"{name}: must be a number in [0, 1), got {value!r}")
+            problems.append(f"{name}: must be a number in [0, 1), got {brief(value)}")
     eps = c.layer_norm_eps
     if not _is_number(eps) or not 0.0 < eps < 1.0:
-        problems.append(f"layer_norm_eps: must be a number in (0, 1), got {eps!r}")
+        problems.append(f"layer_norm_eps: must be a number in (0, 1), got {brief(eps)}")
     for name, allowed in _CHOICES.items():
         value = getattr(c, name)
         if value not in allowed:
             choices = ", ".join(repr(a) for a in allowed)
-            problems.append(f"{name}: unknown value {value!r}; allowed: {choices}")
+            problems.append(f"{name}: unknown value {brief(value)}; allowed: {choices}")
     if problems:  # the cross-field rules below assume well-typed fields
         return problems
 

@@ -18,8 +18,10 @@ from common.backends import get_backend
 from common.config import TransformerConfig
 from common.dtypes import dtype_name
 from common.errors import RosettaError
-from common.format import check_tensors, load_weights, save_weights
+from common.format import check_finite, check_tensors, load_weights, save_weights
 from common.names import parameter_count
+from common.outputs import check_output_file
+from common.safe_read import regular_file, shown
 
 # kind -> the backend whose native checkpoint it is
 NATIVE_KINDS = {"torch": "torch", "keras": "tf", "flax": "jax"}
@@ -54,6 +56,13 @@ class Converted:
             f"converted {self.src} ({self.from_kind}) -> {self.dst} ({self.to_kind}): "
             f"{self.tensors} tensors, {self.parameters:,} parameters, {self.dtype}"
         )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)
+    except OSError:
+        return False
 
 
 def kind_from_suffix(path: Path) -> str | None:
@@ -153,19 +162,18 @@ def convert(
     to_kind: str | None = None,
     config: TransformerConfig | None = None,
     force: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Converted:
-    """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error."""
+    """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
+    Weights holding NaN or Inf are refused unless `allow_nonfinite`."""
     src, dst = Path(src), Path(dst)
     if not src.exists():
-        raise ConvertError(f"{src}: no such file or folder")
-    if dst.exists() and not force:
-        raise ConvertError(f"{dst} exists; pass --force to overwrite it")
-    if dst.exists() and dst.is_dir():
-        raise ConvertError(f"{dst} is a folder; give a file name to write")
-    if not dst.parent.is_dir():
-        raise ConvertError(f"{dst.parent}: the destination folder does not exist")
-    if dst.resolve() == src.resolve():
+        if src.is_symlink():  # a dangling link or a loop: say which
+            regular_file(src, "a file to convert")
+        raise ConvertError(f"{shown(src)}: no such file or folder")
+    if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
+    dst = check_output_file(dst, what="DST", force=force, inputs=(src,))
     from_kind = from_kind or infer_source_kind(src)
     to_kind = to_kind or infer_destination_kind(dst)
     if to_kind in IMPORT_KINDS:
@@ -174,6 +182,7 @@ def convert(
         )
     model_config, tensors = read_source(src, from_kind, config)
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
+    check_finite(src, tensors, allow_nonfinite)
     write_destination(
         dst, to_kind, model_config, tensors, producer=f"rosetta convert from {from_kind}"
     )

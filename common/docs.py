@@ -24,6 +24,7 @@ from common.format import (
     SAFETENSORS_DTYPES,
 )
 from common.names import canonical_specs
+from common.outputs import atomic_write
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 
@@ -307,7 +308,45 @@ PORTING_GENERATORS: dict[str, Callable[[], str]] = {
     "nn_transformer": nn_transformer_table,
     "marian": marian_table,
 }
-DOCUMENTS = {DOC: GENERATORS, PARITY_DOC: PARITY_GENERATORS, PORTING_DOC: PORTING_GENERATORS}
+RELIABILITY_DOC = DOC.with_name("RELIABILITY.md")
+
+
+def limits_table() -> str:
+    """Every bound on what a user's file or option may make the program do, from the constants
+    that enforce it, with the reason each constant's comment gives."""
+    from common import outputs, resources, safe_read
+    from common.cli import SEED_MAX
+
+    rows = [
+        ("config JSON size", f"{safe_read.MAX_CONFIG_BYTES:,} bytes", "`MAX_CONFIG_BYTES`"),
+        ("JSON nesting depth (configs, weight-file headers)", str(safe_read.MAX_JSON_DEPTH),
+         "`MAX_JSON_DEPTH`"),
+        ("digits of a JSON integer", str(safe_read.MAX_INT_DIGITS), "`MAX_INT_DIGITS`"),
+        ("weight-file header size", f"{safe_read.MAX_HEADER_BYTES:,} bytes", "`MAX_HEADER_BYTES`"),
+        ("token-id array (`.npy`, each array of an `.npz`)", f"{safe_read.MAX_NPY_BYTES:,} bytes",
+         "`MAX_NPY_BYTES`"),
+        ("`.npy` header size", f"{safe_read.MAX_NPY_HEADER_BYTES:,} bytes",
+         "`MAX_NPY_HEADER_BYTES`"),
+        ("names listed in one message", f"{safe_read.MAX_LISTED}, then \"and N more\"",
+         "`MAX_LISTED`"),
+        ("share of available memory a request may plan on", f"{resources.USABLE_FRACTION:.0%}",
+         "`USABLE_FRACTION`"),
+        ("seeds", f"0 to {SEED_MAX:,}", "`SEED_MAX`"),
+        ("signals that clean up before exiting",
+         ", ".join(["SIGINT", *(s.name for s in outputs.CAUGHT_SIGNALS)]), "`CAUGHT_SIGNALS`"),
+    ]  # fmt: skip
+    lines = ["| limit | value | constant |", "|---|---|---|"]
+    lines += [f"| {what} | {value} | {name} |" for what, value, name in rows]
+    return "\n".join(lines)
+
+
+RELIABILITY_GENERATORS: dict[str, Callable[[], str]] = {"limits": limits_table}
+DOCUMENTS = {
+    DOC: GENERATORS,
+    PARITY_DOC: PARITY_GENERATORS,
+    PORTING_DOC: PORTING_GENERATORS,
+    RELIABILITY_DOC: RELIABILITY_GENERATORS,
+}
 
 
 def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
@@ -329,8 +368,6 @@ def main(argv: list[str]) -> int:
     if "--measure" in argv:
         import json
 
-        from common.format import atomic_write
-
         text = json.dumps(measure_parity(), indent=1)
         atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {MEASUREMENTS}")
@@ -341,7 +378,7 @@ def main(argv: list[str]) -> int:
         if fresh != current:
             stale.append(doc)
             if "--check" not in argv:
-                doc.write_text(fresh)
+                atomic_write(doc, lambda tmp, text=fresh: Path(tmp).write_text(text))
                 print(f"wrote {doc}")
     if "--check" in argv and stale:
         print(f"stale: {', '.join(map(str, stale))}: run python -m common.docs", file=sys.stderr)

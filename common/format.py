@@ -8,10 +8,8 @@ never leaves a partial or clobbered file.
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,21 @@ from common.config import TransformerConfig
 from common.dtypes import DTYPES, dtype_name
 from common.errors import ConfigError, WeightFileError
 from common.names import canonical_shapes
+from common.outputs import atomic_write
+from common.safe_read import (
+    MAX_HEADER_BYTES,
+    MAX_INT_DIGITS,
+    MAX_LISTED,
+    FileProblem,
+    brief,
+    is_int,
+    json_type,
+    listing,
+    os_problem,
+    parse_json,
+    regular_file,
+    shown,
+)
 
 FORMAT_NAME = "transformer-rosetta"
 FORMAT_VERSION = 1
@@ -53,7 +66,6 @@ _OTHER_DTYPES = {
     "F8_E5M2": "float8_e5m2",
 }
 _DTYPE_NAMES = {**SAFETENSORS_DTYPES, **_OTHER_DTYPES}
-_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 
 @dataclass(frozen=True)
@@ -77,31 +89,37 @@ def tensor_problems(
 
     Lists every missing, unexpected and wrong-shaped tensor, every unsupported dtype, and a mix
     of dtypes (a file has one dtype, so that a reader never has to guess what to compute in).
+    Long lists name the first MAX_LISTED tensors and count the rest, to keep one line readable.
     """
     problems: list[str] = []
     expected = canonical_shapes(config)
     missing = [n for n in expected if n not in entries]
     unexpected = sorted(n for n in entries if n not in expected)
     if missing:
-        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
+        problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected)}")
-    for name, shape in expected.items():
-        if name in entries and tuple(entries[name][1]) != shape:
-            problems.append(
-                f"wrong shape for {name}: file has {list(entries[name][1])}, "
-                f"config needs {list(shape)}"
-            )
+        problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
+    wrong = [
+        f"wrong shape for {name}: file has {list(entries[name][1])}, config needs {list(shape)}"
+        for name, shape in expected.items()
+        if name in entries and tuple(entries[name][1]) != shape
+    ]
+    problems += _capped(wrong, "tensors of the wrong shape")
     problems += dtype_problems(entries)
     return problems
 
 
 def dtype_problems(entries: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[str]:
+    """One problem per dtype the format does not store (naming its tensors), and one for a mix."""
     problems = []
     allowed = ", ".join(DTYPES)
+    unsupported: dict[str, list[str]] = {}
     for name, (dtype, _) in entries.items():
         if dtype not in DTYPES:
-            problems.append(f"wrong dtype for {name}: {dtype}; the format stores {allowed}")
+            unsupported.setdefault(str(dtype), []).append(name)
+    for dtype, names in unsupported.items():
+        which = names[0] if len(names) == 1 else f"{len(names)} tensors ({listing(names)})"
+        problems.append(f"wrong dtype for {which}: {shown(dtype)}; the format stores {allowed}")
     floats = {dt for dt, _ in entries.values() if dt in DTYPES}
     if len(floats) > 1:
         counts = {dt: sum(1 for d, _ in entries.values() if d == dt) for dt in sorted(floats)}
@@ -110,59 +128,155 @@ def dtype_problems(entries: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[s
     return problems
 
 
-def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:
-    """Parse a safetensors header: ({name: {dtype, shape, data_offsets}}, metadata or None).
+def _capped(problems: list[str], what: str) -> list[str]:
+    """The first MAX_LISTED problems, then one that counts the rest."""
+    if len(problems) <= MAX_LISTED:
+        return problems
+    return [*problems[:MAX_LISTED], f"and {len(problems) - MAX_LISTED} more {what}"]
 
-    Checks the framing by hand, so that a file that is not safetensors at all and one that was
-    cut short get messages saying which.
+
+# Bytes per element of each safetensors dtype code; the sub-byte codes (F4, F6_*) are absent,
+# and a tensor of a code not listed here is not size-checked (safetensors itself refuses it).
+_ITEMSIZES = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
+    **dict.fromkeys(("F8_E4M3FNUZ", "F8_E5M2FNUZ"), 1),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 2),
+    **dict.fromkeys(("I32", "U32", "F32"), 4),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
+}
+_ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+
+
+def _entry_problem(entry: object) -> str | None:
+    """What is wrong with one tensor's header entry, as '<name> ...' continues it."""
+    if not isinstance(entry, dict):
+        return f"is {json_type(entry)}, not an object with {', '.join(_ENTRY_KEYS)}"
+    missing = [k for k in _ENTRY_KEYS if k not in entry]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    dtype, shape, offsets = (entry[k] for k in _ENTRY_KEYS)
+    if not isinstance(dtype, str):
+        return f'has dtype {brief(dtype)}, expected a string such as "F32"'
+    if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
+        return f"has shape {brief(shape)}, expected a list of integers >= 0"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(is_int(o) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        return f"has data_offsets {brief(offsets)}, expected [begin, end] with 0 <= begin <= end"
+    if dtype in _ITEMSIZES:
+        nbytes = math.prod(shape) * _ITEMSIZES[dtype]
+        if offsets[1] - offsets[0] != nbytes:
+            return (
+                f"has data_offsets {offsets} ({offsets[1] - offsets[0]} bytes), but shape "
+                f"{shape} of {dtype} takes {nbytes}"
+            )
+    return None
+
+
+def header_problems(header: dict, data_bytes: int) -> list[str]:
+    """Everything wrong with a parsed safetensors header for a file with `data_bytes` bytes of
+    tensor data: field types, byte counts, overlaps and gaps, and a data size that differs."""
+    problems = []
+    metadata = header.get("__metadata__")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            problems.append(
+                "corrupt safetensors header: __metadata__ must be an object of strings, got "
+                f"{json_type(metadata)}"
+            )
+        else:
+            bad = [f"{k} is {json_type(v)}" for k, v in metadata.items() if not isinstance(v, str)]
+            if bad:
+                problems.append(
+                    f"corrupt safetensors header: __metadata__ values must be strings ({listing(bad)})"
+                )
+    bad_entries, spans = [], []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(entry)
+        if problem:
+            bad_entries.append(f"corrupt safetensors header: tensor {shown(name)} {problem}")
+        else:
+            spans.append((*entry["data_offsets"], name))
+    problems += _capped(bad_entries, "tensors with corrupt entries")
+    if problems:
+        return problems
+    # safetensors requires the tensors to tile the data: no overlap, no gap, nothing after.
+    tiling, end, last = [], 0, None
+    for begin, stop, name in sorted(spans):
+        if begin > end:
+            where = f"after tensor {shown(last)}" if last is not None else "at the start"
+            tiling.append(
+                f"corrupt safetensors header: {begin - end} bytes {where} belong to no tensor"
+            )
+        elif begin < end:
+            tiling.append(
+                f"corrupt safetensors header: tensors {shown(last)} and {shown(name)} overlap"
+            )
+        if stop >= end:
+            end, last = stop, name
+    problems += _capped(tiling, "gaps or overlaps")
+    if end > data_bytes:
+        problems.append(
+            f"truncated: the header describes {end} bytes of tensor data, the file has {data_bytes}"
+        )
+    elif end < data_bytes and not problems:
+        problems.append(
+            f"corrupt: {data_bytes - end} bytes after the last tensor belong to no tensor"
+        )
+    return problems
+
+
+def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:
+    """Parse and check a safetensors header: ({name: {dtype, shape, data_offsets}}, metadata or
+    None).
+
+    The path must be a regular file (a FIFO or device is refused unopened). The framing is
+    checked by hand, so that a file that is not safetensors at all and one that was cut short
+    get messages saying which; the JSON is parsed depth- and size-safely; then every field's
+    type is checked (header_problems), naming the tensor at fault.
     """
-    path = Path(path)
+    try:
+        path = regular_file(path, "a weight file")
+    except FileProblem as exc:
+        raise WeightFileError(exc.path, [exc.problem]) from None
+    name = shown(path)
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise WeightFileError(str(path), [f"not a safetensors file ({size} bytes)"])
+                raise WeightFileError(name, [f"not a safetensors file ({size} bytes)"])
             (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER_BYTES:
+            if n > MAX_HEADER_BYTES:
                 raise WeightFileError(
-                    str(path), ["not a safetensors file (no valid header length at its start)"]
+                    name, ["not a safetensors file (no valid header length at its start)"]
                 )
             raw = f.read(n)
-    except FileNotFoundError:
-        raise WeightFileError(str(path), ["no such file"]) from None
-    except IsADirectoryError:
-        raise WeightFileError(str(path), ["is a folder, not a weight file"]) from None
-    except PermissionError:
-        raise WeightFileError(str(path), ["permission denied"]) from None
+    except OSError as exc:
+        raise WeightFileError(name, [os_problem(exc)]) from None
     if len(raw) < n:
         if raw[:1] == b"{":
             raise WeightFileError(
-                str(path), [f"truncated: the header needs {n} bytes, the file has {size - 8}"]
+                name, [f"truncated: the header needs {n} bytes, the file has {size - 8}"]
             )
-        raise WeightFileError(str(path), ["not a safetensors file (no valid header at its start)"])
+        raise WeightFileError(name, ["not a safetensors file (no valid header at its start)"])
     try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError
-    except (ValueError, UnicodeDecodeError):
-        raise WeightFileError(str(path), ["not a safetensors file (header is not JSON)"]) from None
-    metadata = header.pop("__metadata__", None)
-    data_bytes = size - 8 - n
-    try:
-        needed = max((int(e["data_offsets"][1]) for e in header.values()), default=0)
-    except (TypeError, KeyError, ValueError, IndexError):
+        header = parse_json(raw)
+    except FileProblem as exc:
+        raise WeightFileError(name, [f"not a safetensors file (header: {exc.problem})"]) from None
+    if not isinstance(header, dict):
         raise WeightFileError(
-            str(path), ["corrupt safetensors header (bad data_offsets)"]
-        ) from None
-    if needed > data_bytes:
-        raise WeightFileError(
-            str(path),
-            [
-                f"truncated: the header describes {needed} bytes of tensor data, the file has "
-                f"{data_bytes}"
-            ],
+            name, [f"not a safetensors file (header is {json_type(header)}, not an object)"]
         )
+    problems = header_problems(header, size - 8 - n)
+    if problems:
+        raise WeightFileError(name, problems)
+    metadata = header.pop("__metadata__", None)
     return header, metadata
 
 
@@ -175,17 +289,28 @@ def metadata_problems(
             "metadata absent: a Transformer Rosetta file carries format, format_version and "
             "config in its safetensors header"
         ], None
+    if not isinstance(metadata, dict):
+        return [f"metadata must be an object of strings, got {json_type(metadata)}"], None
     problems = []
     missing = [k for k in REQUIRED_METADATA if k not in metadata]
     if missing:
         problems.append(f"metadata lacks {', '.join(missing)}")
     fmt = metadata.get(META_FORMAT)
     if fmt is not None and fmt != FORMAT_NAME:
-        problems.append(f"not a {FORMAT_NAME} file (metadata format is {fmt!r})")
+        problems.append(f"not a {FORMAT_NAME} file (metadata format is {brief(fmt)})")
     version = metadata.get(META_VERSION)
     if version is not None:
-        if not version.isdigit():
-            problems.append(f"format_version must be an integer, got {version!r}")
+        # ASCII digits only: str.isdigit() also accepts '١' and '²', which int() reads or refuses.
+        if not (
+            isinstance(version, str)
+            and version.isascii()
+            and version.isdecimal()
+            and len(version) <= MAX_INT_DIGITS
+        ):
+            problems.append(
+                f'format_version must be an integer in decimal digits, such as "1", got '
+                f"{json_type(version)} {brief(version)}"
+            )
         elif int(version) > FORMAT_VERSION:
             problems.append(
                 f"written in format version {version}, newer than this reader's "
@@ -193,10 +318,14 @@ def metadata_problems(
             )
     config = None
     if META_CONFIG in metadata:
-        try:
-            config = TransformerConfig.from_json(metadata[META_CONFIG])
-        except ConfigError as exc:
-            problems.append(f"config in metadata is invalid: {'; '.join(exc.problems)}")
+        text = metadata[META_CONFIG]
+        if not isinstance(text, str):
+            problems.append(f"config in metadata must be JSON text, got {json_type(text)}")
+        else:
+            try:
+                config = TransformerConfig.from_json(text)
+            except ConfigError as exc:
+                problems.append(f"config in metadata is invalid: {'; '.join(exc.problems)}")
     return problems, config
 
 
@@ -206,7 +335,8 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     `config`, when given, is what the caller expects: a file whose config differs is refused,
     and a file without metadata is checked against it.
     """
-    header, metadata = read_header(path)
+    header, metadata = read_header(path)  # every field's type is checked there
+    label = shown(path)
     problems, file_config = metadata_problems(metadata)
     if metadata is None and config is not None:
         problems = []  # a plain safetensors file, read against the caller's config
@@ -219,10 +349,7 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
         problems.append(f"config differs from the expected one in {', '.join(diffs)}")
     check_config = file_config if file_config is not None else config
     entries = {
-        name: (
-            _DTYPE_NAMES.get(e.get("dtype"), str(e.get("dtype"))),
-            tuple(e.get("shape", ())),
-        )
+        name: (_DTYPE_NAMES.get(e["dtype"], e["dtype"]), tuple(e["shape"]))
         for name, e in header.items()
     }
     if check_config is not None:
@@ -230,13 +357,13 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     else:
         problems += dtype_problems(entries)
     if problems or check_config is None:
-        raise WeightFileError(str(path), problems)
+        raise WeightFileError(label, problems)
 
     try:
         with safe_open(str(path), framework="np") as f:
             tensors = {name: f.get_tensor(name) for name in canonical_shapes(check_config)}
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise WeightFileError(str(path), [f"corrupt tensor data ({exc})"]) from None
+        raise WeightFileError(label, [f"corrupt tensor data ({shown(str(exc))[:200]})"]) from None
     dtype = next(iter(entries.values()))[0] if entries else "float32"
     return WeightFile(check_config, tensors, dtype, dict(metadata or {}))
 
@@ -280,26 +407,42 @@ def save_weights(
     }
     if task is not None:
         metadata[META_TASK] = task
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise WeightFileError(str(path), [f"folder {path.parent} does not exist"])
     atomic_write(path, lambda tmp: safetensors.numpy.save_file(ordered, tmp, metadata=metadata))
 
 
-def atomic_write(path: Path, write: callable) -> None:
-    """Call write(temp_path) for a temp file beside `path`, fsync it, then rename it over `path`.
+def nonfinite_counts(tensors: Mapping[str, np.ndarray]) -> dict[str, dict[str, int]]:
+    """{name: {"nan": n, "inf": m}} for every tensor that holds NaN or +-Inf, in file order."""
+    found = {}
+    for name, t in tensors.items():
+        a = np.asarray(t)
+        if np.isfinite(a).all():
+            continue
+        found[name] = {"nan": int(np.isnan(a).sum()), "inf": int(np.isinf(a).sum())}
+    return found
 
-    A failure at any point removes the temp file and leaves `path` as it was.
-    """
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise WeightFileError(str(path), [f"folder {folder} does not exist"])
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+def describe_nonfinite(found: Mapping[str, Mapping[str, int]], limit: int = 3) -> str:
+    """'2 tensors hold non-finite values (a: 3 NaN; b: 1 Inf)', naming at most `limit` tensors."""
+    parts = []
+    for name, counts in list(found.items())[:limit]:
+        kinds = [
+            f"{n} {label}" for label, n in (("NaN", counts["nan"]), ("Inf", counts["inf"])) if n
+        ]
+        parts.append(f"{name}: {', '.join(kinds)}")
+    more = f"; and {len(found) - limit} more" if len(found) > limit else ""
+    noun = "tensor holds" if len(found) == 1 else "tensors hold"
+    return f"{len(found)} {noun} non-finite values ({'; '.join(parts)}{more})"
+
+
+def check_finite(path: str | Path, tensors: Mapping[str, np.ndarray], allow: bool) -> None:
+    """Refuse weights with NaN or Inf unless `allow` (the CLI's --allow-nonfinite): a model with
+    them computes NaN everywhere, and a decoder then emits nothing but pad."""
+    if allow:
+        return
+    found = nonfinite_counts(tensors)
+    if found:
+        raise WeightFileError(
+            str(path), [f"{describe_nonfinite(found)}; pass --allow-nonfinite to use them anyway"]
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.outputs import atomic_write, make_folder
 from common.parity import ParityReport
 
 KINDS = {
@@ -15,6 +16,15 @@ KINDS = {
     "decoder.layers.{}.self_attention": ("decoder self-attention", "target", "target"),
     "decoder.layers.{}.cross_attention": ("cross-attention", "target (query)", "source (key)"),
 }
+
+
+def attention_plot_names(layer: int, head: int) -> list[str]:
+    """The file names plot_attention writes for (layer, head), so a caller can check them first."""
+    return [attention_plot_name(pattern.format(layer), head) for pattern in KINDS]
+
+
+def attention_plot_name(key: str, head: int) -> str:
+    return f"{key.replace('.', '_')}_head{head}.png"
 
 
 def plot_attention(
@@ -27,7 +37,7 @@ def plot_attention(
     import matplotlib.pyplot as plt
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "--plot")
     oracle = report.oracle
     src_tokens = [str(t) for t in report.src[row]]
     tgt_tokens = [str(t) for t in report.tgt_in[row]]
@@ -76,8 +86,8 @@ def plot_attention(
             fig.colorbar(dim, ax=diff_ax, fraction=0.046, format="%.1e")
         fig.colorbar(im, ax=axes[0, :].tolist(), fraction=0.03, label="probability")
         fig.suptitle(f"{title}, layer {layer}, head {head}: every framework against the oracle")
-        path = folder / f"{key.replace('.', '_')}_head{head}.png"
-        fig.savefig(path, dpi=110)
+        path = folder / attention_plot_name(key, head)
+        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         written.append(path)
     return written
@@ -100,8 +110,6 @@ def _pyplot():  # noqa: ANN202 - matplotlib's module; imported only when a plot 
 def plot_loss_curve(losses: list[float], path: str | Path, title: str) -> Path:
     """The training loss per step (light) and its 50-step running mean (dark), one PNG, written
     through a temp file so that a failure leaves no partial PNG."""
-    from common.format import atomic_write
-
     plt = _pyplot()
     steps = np.arange(1, len(losses) + 1)
     fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
@@ -125,8 +133,6 @@ def plot_cross_attention(
 ) -> Path:
     """One cross-attention map per head, side by side: probs (h, T, S), rows are the decoder's
     input tokens (the query), columns the source tokens (the key)."""
-    from common.format import atomic_write
-
     plt = _pyplot()
     heads = probs.shape[0]
     fig, axes = plt.subplots(

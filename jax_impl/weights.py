@@ -28,8 +28,17 @@ from flax import nnx, serialization
 from common.config import TransformerConfig
 from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import atomic_write, check_tensors
+from common.format import check_tensors
 from common.names import canonical_shapes
+from common.outputs import atomic_write
+from common.safe_read import (
+    MAX_JSON_DEPTH,
+    FileProblem,
+    listing,
+    os_problem,
+    regular_file,
+    shown,
+)
 from jax_impl.model import Transformer
 
 # Canonical tensors that the Flax layout stores transposed or packed: none (see the docstring).
@@ -169,29 +178,30 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     """Canonical tensors, in canonical order and the stored dtype (bit-exact), from save_native's
     file for `config`; one WeightFileError lists every problem (a file that is not msgpack, is
     cut short, or holds other tensors, names or shapes)."""
-    path = Path(path)
-    try:
+    try:  # a folder, FIFO or device is refused from its stat, unopened (a FIFO would block)
+        path = regular_file(path, "a Flax checkpoint")
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise WeightFileError(str(path), ["no such file"]) from None
-    except IsADirectoryError:
-        raise WeightFileError(str(path), ["is a folder, not a Flax checkpoint"]) from None
+    except FileProblem as exc:
+        raise WeightFileError(exc.path, [exc.problem]) from None
     except OSError as exc:
-        raise WeightFileError(str(path), [exc.strerror or str(exc)]) from None
+        raise WeightFileError(shown(path), [os_problem(exc)]) from None
     try:
         restored = serialization.msgpack_restore(data)
     except Exception as exc:  # msgpack's ExtraData / ValueError("incomplete input"), numpy's
         kind = "truncated" if "incomplete" in str(exc) else "not a Flax msgpack checkpoint"
-        raise WeightFileError(str(path), [f"{kind} ({exc})"]) from None
+        raise WeightFileError(shown(path), [f"{kind} ({shown(str(exc))[:200]})"]) from None
     if not isinstance(restored, Mapping):
         raise WeightFileError(
             str(path),
             [f"not a Flax checkpoint: the msgpack holds a {type(restored).__name__}, not a tree"],
         )
-    flat = {canonical_name(p): v for p, v in _leaves(restored)}
+    try:
+        flat = {canonical_name(p): v for p, v in _leaves(restored)}
+    except ValueError as exc:  # nested deeper than any model
+        raise WeightFileError(shown(path), [f"not a Flax checkpoint ({exc})"]) from None
     others = [f"{n} ({type(v).__name__})" for n, v in flat.items() if not isinstance(v, np.ndarray)]
     if others:
-        raise WeightFileError(str(path), [f"leaves that are not arrays: {', '.join(others)}"])
+        raise WeightFileError(shown(path), [f"leaves that are not arrays: {listing(others)}"])
     check_tensors(path, config, flat)
     # msgpack_restore's arrays are read-only views of the file's bytes; hand out our own copies.
     return {name: np.array(flat[name]) for name in canonical_shapes(config)}
@@ -210,13 +220,26 @@ def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float
 
 
 def _leaves(tree: Mapping, prefix: StatePath = ()) -> Iterator[tuple[StatePath, np.ndarray]]:
-    """(path, array) for every leaf of a nested dict; msgpack gives list indices back as str."""
-    for key, value in tree.items():
-        part = int(key) if isinstance(key, str) and key.isdigit() else key
+    """(path, array) for every leaf of a nested dict; msgpack gives list indices back as str.
+
+    Iterative, with a depth bound: a file nested a thousand deep is refused with ValueError,
+    not a RecursionError. Only ASCII digits are indices ('²'.isdigit() is true, int() fails).
+    """
+    stack = [(prefix, iter(tree.items()))]
+    while stack:
+        path, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
+            continue
+        key, value = item
+        part = int(key) if isinstance(key, str) and key.isascii() and key.isdecimal() else key
         if isinstance(value, Mapping):
-            yield from _leaves(value, (*prefix, part))
+            if len(stack) >= MAX_JSON_DEPTH:
+                raise ValueError(f"its tree is nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.append(((*path, part), iter(value.items())))
         else:
-            yield (*prefix, part), value
+            yield (*path, part), value
 
 
 def to_device(model: Transformer, device: jax.Device) -> Transformer:

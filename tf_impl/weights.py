@@ -10,7 +10,6 @@ tensor is transposed or packed: TRANSPOSES is empty, and every shape is still as
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,8 +22,10 @@ import numpy as np
 from common.config import TransformerConfig
 from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import atomic_write, tensor_problems
+from common.format import tensor_problems
 from common.names import canonical_shapes
+from common.outputs import atomic_write
+from common.safe_read import FileProblem, regular_file, shown
 from tf_impl.model import Transformer
 
 # Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable is
@@ -104,27 +105,13 @@ KERAS_SUFFIX = ".weights.h5"
 
 def save_native(model: Transformer, path: str | Path) -> None:
     """Write Keras's native checkpoint (`model.save_weights`) atomically; the path must end in
-    .weights.h5, as Keras requires.
-
-    Keras insists on that suffix for the file it writes, so the temp file of atomic_write is
-    written under a name with the suffix added and then renamed onto atomic_write's temp name;
-    a failure removes both, and `path` is untouched until the final rename.
-    """
+    .weights.h5, as Keras requires (atomic_write's temp file keeps the destination's name)."""
     path = Path(path)
     if not path.name.endswith(KERAS_SUFFIX):
         raise WeightFileError(
             str(path), [f"a Keras weights file's name must end in {KERAS_SUFFIX}"]
         )
-
-    def write(tmp: str) -> None:
-        named = Path(f"{tmp}{KERAS_SUFFIX}")
-        try:
-            model.save_weights(str(named))
-            os.replace(named, tmp)
-        finally:
-            named.unlink(missing_ok=True)
-
-    atomic_write(path, write)
+    atomic_write(path, lambda tmp: model.save_weights(tmp))
 
 
 def write_native(
@@ -193,11 +180,10 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     first variable that does not fit and skips layers it cannot find, while this reports every
     missing, unexpected and wrong-shaped tensor at once, and builds no model.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise WeightFileError(str(path), ["is a folder, not a Keras weights file"])
-    if not path.exists():
-        raise WeightFileError(str(path), ["no such file"])
+    try:  # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
+        path = regular_file(path, "a Keras weights file")
+    except FileProblem as exc:
+        raise WeightFileError(exc.path, [exc.problem]) from None
     layout = native_layout(config)
     try:
         with h5py.File(path, "r") as h5:
@@ -223,7 +209,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
         # file: eof = ..." (cut short), or a read error inside a damaged file.
         reason = str(exc).removeprefix("Unable to synchronously open file ").strip("()")
         raise WeightFileError(
-            str(path), [f"not a readable Keras .weights.h5 (HDF5) file: {reason}"]
+            shown(path), [f"not a readable Keras .weights.h5 (HDF5) file: {shown(reason)[:200]}"]
         ) from None
     return {name: tensors[name] for name in canonical_shapes(config)}
 

@@ -24,17 +24,24 @@ from __future__ import annotations
 
 import math
 import pickle
+import pickletools
+import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 import torch
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
 from common.errors import WeightFileError
-from common.format import atomic_write, dtype_problems
+from common.format import dtype_problems
 from common.names import TensorSpec, canonical_specs, embedding_names
+from common.outputs import atomic_write
+from common.safe_read import FileProblem, listing, os_problem, regular_file, shown
 from torch_impl.model import Transformer
 
 
@@ -166,8 +173,111 @@ def _weights_only_detail(exc: Exception) -> str:
     for line in detail.splitlines():
         line = line.strip()
         if line:
-            return line.split(". Please use")[0].rstrip(".")
+            return shown(line.split(". Please use")[0].rstrip("."))[:200]
     return "an object torch does not allow"
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+# The first byte of every binary pickle (protocol 2+), torch's legacy format included.
+_PICKLE_PROTO = 0x80
+
+
+def _pickle_scan(stream: IO[bytes]) -> tuple[str | None, int | None, list[str]]:
+    """(why `stream` is not one well-formed pickle or None, its protocol, the globals it names),
+    found by pickletools.genops, which only reads opcodes and builds nothing (so runs no code)."""
+    protocol, names, strings = None, [], []
+    try:
+        for op, arg, _ in pickletools.genops(stream):
+            if op.name == "PROTO":
+                protocol = arg
+            elif op.name in ("GLOBAL", "INST"):
+                names.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) == 2:
+                names.append(".".join(strings))
+            elif "UNICODE" in op.name:
+                strings = [*strings[-1:], str(arg)]
+    except Exception as exc:  # genops raises ValueError and others on bytes that are no pickle
+        return shown(str(exc).split("\n")[0])[:120] or type(exc).__name__, protocol, names
+    return None, protocol, names
+
+
+_LEGACY_PICKLES = 5
+
+
+def _refusal(path: Path, exc: Exception) -> str:
+    """The problem for a file that torch's weights_only loader refused: damaged bytes, a plain
+    pickle that loader cannot read, or a pickle naming objects other than tensors."""
+    damaged, protocol, names, at_end = None, 2, [], False
+    if not zipfile.is_zipfile(path):  # a zip's data.pkl was checked by _sniff
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            # torch's legacy format is five pickles (magic, protocol, sys info, the object,
+            # storage keys), then raw storage bytes; a plain pickle is one.
+            for i in range(_LEGACY_PICKLES):
+                damaged, found, more = _pickle_scan(f)
+                protocol = found if i == 0 else protocol
+                names += more
+                if damaged or f.tell() >= size:
+                    break
+            at_end = f.tell() >= size
+    if damaged and at_end:
+        return f"truncated or corrupt torch checkpoint (its pickle ends early: {damaged})"
+    if damaged:  # bytes that only start like a pickle: nothing was refused, nothing ran
+        return f"not a torch checkpoint (not a pickle: {damaged})"
+    others = [n for n in dict.fromkeys(names) if not n.startswith(("torch.", "collections."))]
+    if protocol is not None and protocol >= 4 and not others:
+        return (
+            f"not a torch checkpoint: a plain pickle (protocol {protocol}), which torch's "
+            "weights_only loader does not read; save the state_dict with torch.save"
+        )
+    named = f"; it names {listing(others, 3)}" if others else ""
+    return (
+        "refused: the file's pickle holds objects other than tensors (weights_only loading); "
+        f"unpickling it could run code, so it is not loaded ({_weights_only_detail(exc)}{named})"
+    )
+
+
+def _archive_problem(path: Path) -> str | None:
+    """Why the zip at `path` is not a torch.save archive (one top folder holding data.pkl), or
+    why its data.pkl is not a pickle; None when it looks like one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            pickles = [n for n in names if n.count("/") == 1 and n.endswith("/data.pkl")]
+            if not pickles:
+                return (
+                    "not a torch checkpoint (a zip archive, but not torch.save's: it has no "
+                    "data.pkl)"
+                )
+            with archive.open(pickles[0]) as data:
+                problem, _, _ = _pickle_scan(data)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, ValueError):
+        return "truncated or corrupt torch checkpoint (a damaged zip archive)"
+    if problem:
+        return f"not a torch checkpoint (its data.pkl is not a pickle: {problem})"
+    return None
+
+
+def _sniff(path: Path) -> str | None:
+    """A problem that the first bytes of `path` show before torch reads it: empty, neither a
+    zip archive nor a binary pickle, a zip cut short or not torch's."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not head:
+        return "not a torch checkpoint (the file is empty)"
+    if head == _ZIP_MAGIC:
+        if not zipfile.is_zipfile(path):
+            return (
+                "truncated or corrupt torch checkpoint (a zip archive without its central "
+                "directory: cut short?)"
+            )
+        return _archive_problem(path)
+    if head[0] != _PICKLE_PROTO:
+        return (
+            "not a torch checkpoint (neither a zip archive nor a binary pickle, the two formats "
+            "torch.save writes)"
+        )
+    return None
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -176,58 +286,68 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     weights_only=True makes torch unpickle through an allow-list (tensors, dicts, lists, numbers),
     so a file whose pickle would build any other object (the classic `__reduce__` payload that
     runs os.system) is refused before anything in it runs. A `{"state_dict": {...}}` wrapper, as
-    Lightning and many training scripts write, is unwrapped. Every other problem becomes one
-    WeightFileError, never a traceback from torch's zip or pickle readers.
+    Lightning and many training scripts write, is unwrapped. The path must be a regular file (a
+    FIFO is refused unopened), and its first bytes must be a zip archive holding data.pkl or a
+    binary pickle; every other problem becomes one WeightFileError, never a traceback from
+    torch's zip or pickle readers, and never advice to load without weights_only.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise WeightFileError(str(path), ["is a folder, not a torch checkpoint"])
+    try:
+        path = regular_file(path, "a torch checkpoint")
+    except FileProblem as exc:
+        raise WeightFileError(exc.path, [exc.problem]) from None
+    name = shown(path)
+    try:
+        problem = _sniff(path)
+    except OSError as exc:
+        raise WeightFileError(name, [os_problem(exc)]) from None
+    if problem:
+        raise WeightFileError(name, [problem])
     try:
         with warnings.catch_warnings():
             # Plain pickles (protocol 4, not torch.save's 2) make torch warn; the load is the same.
             warnings.simplefilter("ignore", UserWarning)
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise WeightFileError(str(path), ["no such file"]) from None
+        raise WeightFileError(name, ["no such file"]) from None
     except PermissionError:
-        raise WeightFileError(str(path), ["permission denied"]) from None
+        raise WeightFileError(name, ["permission denied"]) from None
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc):
-            raise WeightFileError(
-                str(path),
-                [
-                    "refused: the file's pickle holds objects other than tensors (weights_only "
-                    f"loading); unpickling it could run code, so it is not loaded "
-                    f"({_weights_only_detail(exc)})"
-                ],
-            ) from None
-        raise WeightFileError(str(path), [f"not a torch checkpoint ({exc})"]) from None
+            raise WeightFileError(name, [_refusal(path, exc)]) from None
+        raise WeightFileError(name, [f"not a torch checkpoint ({_reason(exc)})"]) from None
     except EOFError:
-        raise WeightFileError(str(path), ["not a torch checkpoint (the file is empty)"]) from None
+        raise WeightFileError(
+            name, ["truncated or corrupt torch checkpoint (its pickle ends early)"]
+        ) from None
     except (RuntimeError, OSError) as exc:
         # torch's zip reader on a file cut short or damaged: "failed finding central directory",
         # "unexpected EOF", or an OSError from seeking past the end. The first sentence says it.
-        reason = str(exc).split(". ")[0]
         raise WeightFileError(
-            str(path), [f"truncated or corrupt torch checkpoint ({reason})"]
+            name, [f"truncated or corrupt torch checkpoint ({_reason(exc)})"]
         ) from None
     except Exception as exc:  # the legacy pickle reader fails with KeyError, ValueError, ...
         raise WeightFileError(
-            str(path), [f"not a torch checkpoint ({type(exc).__name__}: {exc})"]
+            name, [f"not a torch checkpoint ({type(exc).__name__}: {_reason(exc)})"]
         ) from None
 
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping):
         raise WeightFileError(
-            str(path), [f"not a state_dict: the file holds a {type(obj).__name__}, not a dict"]
+            name, [f"not a state_dict: the file holds a {type(obj).__name__}, not a dict"]
         )
     others = [f"{k} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, Tensor)]
     if others:
         raise WeightFileError(
-            str(path), [f"not a state_dict: entries that are not tensors: {', '.join(others)}"]
+            name, [f"not a state_dict: entries that are not tensors: {listing(others)}"]
         )
     return {str(k): v for k, v in obj.items()}
+
+
+def _reason(exc: BaseException) -> str:
+    """The first sentence of torch's message, without its C++ source location, on one line."""
+    text = re.sub(r"\[enforce fail at [^\]]*\]\s*\.?\s*", "", str(exc))
+    return shown(text.split(". ")[0].strip())[:200] or type(exc).__name__
 
 
 def state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor]) -> list[str]:
@@ -240,9 +360,9 @@ def state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor]) 
     unexpected = sorted(k for k in state if k not in wanted)
     problems = []
     if missing:
-        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
+        problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected)}")
+        problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
     for key, spec in wanted.items():
         if key in state and tuple(state[key].shape) != native_shape(spec):
             also = f" ({spec.name})" if spec.name != key else ""

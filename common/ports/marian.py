@@ -32,7 +32,8 @@ Anything our spec cannot express is refused with a ConfigError that names the Ma
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,18 @@ from common.errors import BackendUnavailable, ConfigError, WeightFileError
 from common.format import dtype_problems, read_header
 from common.names import TensorSpec, canonical_specs, embedding_names
 from common.reference import sinusoidal_positions
+from common.safe_read import (
+    MAX_CONFIG_BYTES,
+    FileProblem,
+    MissingFile,
+    brief,
+    is_int,
+    json_type,
+    os_problem,
+    read_json,
+    shown,
+    type_problem,
+)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -155,11 +168,16 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
     a missing folder or weight file.
     """
     folder = Path(path)
-    if not folder.exists():
-        raise WeightFileError(str(folder), ["no such folder"])
-    if not folder.is_dir():
+    try:
+        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
+    except FileNotFoundError:
+        raise WeightFileError(shown(folder), ["no such folder"]) from None
+    except (OSError, ValueError) as exc:  # a symbolic-link loop, no permission, a NUL in the name
+        problem = os_problem(exc) if isinstance(exc, OSError) else "not a valid folder name"
+        raise WeightFileError(shown(folder), [problem]) from None
+    if not is_folder:
         raise WeightFileError(
-            str(folder),
+            shown(folder),
             [
                 "not a folder; a Hugging Face Marian model is a folder with config.json and "
                 f"{SAFETENSORS_FILE} (or {TORCH_FILE})"
@@ -167,9 +185,11 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
         )
     hf_config = _read_config_json(folder / CONFIG_FILE)
     safetensors_path, torch_path = folder / SAFETENSORS_FILE, folder / TORCH_FILE
-    if safetensors_path.is_file():
+    # lexists, not is_file: a weight file that is a FIFO or a broken link is named as such by
+    # the reader (which refuses it unopened) rather than reported absent.
+    if os.path.lexists(safetensors_path):
         return hf_config, _read_safetensors(safetensors_path)
-    if torch_path.is_file():
+    if os.path.lexists(torch_path):
         return hf_config, _read_torch_bin(torch_path)
     sharded = sorted(p.name for p in folder.glob("*.index.json"))
     if sharded:
@@ -180,20 +200,17 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
 
 
 def _read_config_json(path: Path) -> dict[str, Any]:
+    """config.json as a dict: a regular UTF-8 file of at most MAX_CONFIG_BYTES, depth-limited."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
+        data = read_json(path, "a Hugging Face config.json", MAX_CONFIG_BYTES)
+    except MissingFile:
         raise ConfigError(
-            [f"{path}: missing; a Hugging Face model folder has a config.json"]
+            [f"{shown(path)}: missing; a Hugging Face model folder has a config.json"]
         ) from None
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read it ({exc.strerror})"]) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError([f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"]) from None
+    except FileProblem as exc:
+        raise ConfigError([str(exc)]) from None
     if not isinstance(data, dict):
-        raise ConfigError([f"{path}: must hold a JSON object, got {type(data).__name__}"])
+        raise ConfigError([f"{shown(path)}: must hold a JSON object, got {json_type(data)}"])
     return data
 
 
@@ -203,7 +220,9 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
         with safe_open(str(path), framework="np") as f:
             return {name: f.get_tensor(name) for name in f.keys()}
     except Exception as exc:  # safetensors raises its own error types for corrupt data
-        raise WeightFileError(str(path), [f"cannot read tensors ({exc})"]) from None
+        raise WeightFileError(
+            shown(path), [f"cannot read tensors ({shown(str(exc))[:200]})"]
+        ) from None
 
 
 def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
@@ -229,30 +248,87 @@ def _token_id(hf: Mapping[str, Any], key: str, problems: list[str]) -> int:
     value = _get(hf, key)
     if isinstance(value, list) and len(value) == 1:  # eos_token_id may be a one-id list
         value = value[0]
-    if not isinstance(value, int) or isinstance(value, bool):
-        problems.append(f"{key}: must be one token id, got {value!r}")
+    if not is_int(value):
+        problems.append(f"{key}: must be one token id (an integer), got {brief(value)}")
         return 0
     return value
+
+
+# The JSON type of every config.json key read here (token ids are checked by _token_id). A
+# wrong type is refused first, naming the key: the checks after this assume these types.
+HF_TYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "max_position_embeddings",
+            "encoder_layers",
+            "encoder_ffn_dim",
+            "encoder_attention_heads",
+            "decoder_layers",
+            "decoder_ffn_dim",
+            "decoder_attention_heads",
+            "d_model",
+        ),
+        ("an integer",),
+    ),
+    "decoder_vocab_size": ("an integer", "null"),
+    **dict.fromkeys(
+        (
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "encoder_layerdrop",
+            "decoder_layerdrop",
+        ),
+        ("a number",),
+    ),
+    "activation_function": ("a string",),
+    "model_type": ("a string",),
+    **dict.fromkeys(
+        ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings"),
+        ("true or false",),
+    ),
+}
+
+
+def hf_type_problems(hf: Mapping[str, Any]) -> list[str]:
+    """'key: must be an integer, got a string '512'' for every key of HF_TYPES in `hf` whose
+    JSON type is wrong."""
+    problems = []
+    for key, expected in HF_TYPES.items():
+        if key in hf:
+            problem = type_problem(key, hf[key], *expected)
+            if problem:
+                problems.append(problem)
+    return problems
 
 
 def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     """Our config for the model that transformers' MarianMTModel builds from `hf` (config.json).
 
     The mapping is in the module docstring. Every field it cannot express is refused, all at
-    once, in one ConfigError naming the Marian key.
+    once, in one ConfigError naming the Marian key; a key of the wrong JSON type is refused
+    before anything else.
     """
+    if not isinstance(hf, Mapping):
+        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
+    type_problems = hf_type_problems(hf)
+    if type_problems:
+        raise ConfigError(type_problems)
     problems: list[str] = []
     model_type = hf.get("model_type")
     if model_type != "marian":
-        problems.append(f"model_type: {model_type!r} is not a Marian model (expected 'marian')")
+        problems.append(
+            f"model_type: {brief(model_type)} is not a Marian model (expected 'marian')"
+        )
     for key, (ok, why) in LEGACY_KEYS.items():
         if key in hf and hf[key] != ok:
-            problems.append(f"{key}: {hf[key]!r} is not supported; {why}")
+            problems.append(f"{key}: {brief(hf[key])} is not supported; {why}")
     for key, what in UNEXPRESSIBLE_ZEROS.items():
         value = _get(hf, key)
         if value:
             problems.append(
-                f"{key}: {value!r} ({what}) has no field in our spec; set it to 0 to import "
+                f"{key}: {brief(value)} ({what}) has no field in our spec; set it to 0 to import "
                 "(it changes training only)"
             )
     heads = {k: _get(hf, k) for k in ("encoder_attention_heads", "decoder_attention_heads")}
@@ -271,7 +347,7 @@ def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     act = _get(hf, "activation_function")
     if act not in ACTIVATIONS:
         problems.append(
-            f"activation_function: {act!r} is not supported; allowed: {', '.join(ACTIVATIONS)}"
+            f"activation_function: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
         )
 
     vocab = _get(hf, "vocab_size")

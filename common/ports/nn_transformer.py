@@ -47,6 +47,7 @@ from common.config import TransformerConfig
 from common.errors import ConfigError, WeightFileError
 from common.format import dtype_problems
 from common.names import TensorSpec, canonical_specs, embedding_names
+from common.safe_read import listing
 
 PREFIX = "transformer."
 SOURCE_EMBEDDING = "src_embedding.weight"
@@ -259,9 +260,9 @@ def nn_transformer_to_canonical(
     missing = [k for k in needed if k not in arrays]
     unexpected = sorted(k for k in arrays if k not in needed and k not in aliases)
     if missing:
-        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
+        problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected)}")
+        problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
         if OUTPUT_BIAS in unexpected:
             problems.append(f"{OUTPUT_BIAS}: the file has an output bias; set output_bias to true")
     for key, shape in needed.items():
@@ -317,21 +318,24 @@ def infer_sizes(tensors: Mapping[str, np.ndarray]) -> dict[str, int | bool]:
     prefix = _prefix_of(tensors)
     shapes = {k: np.shape(v) for k, v in tensors.items()}
     sizes: dict[str, int | bool] = {}
-    if SOURCE_EMBEDDING in shapes:
-        sizes["src_vocab_size"], sizes["d_model"] = shapes[SOURCE_EMBEDDING]
+    # Only matrices tell sizes: one of another rank is named by nn_transformer_to_canonical.
+    matrices = {k: s for k, s in shapes.items() if len(s) == 2}
+    if SOURCE_EMBEDDING in matrices:
+        sizes["src_vocab_size"], sizes["d_model"] = matrices[SOURCE_EMBEDDING]
     for key in (TARGET_EMBEDDING, OUTPUT_WEIGHT, SOURCE_EMBEDDING):  # a shared one is the source
-        if key in shapes:
-            sizes["tgt_vocab_size"] = shapes[key][0]
+        if key in matrices:
+            sizes["tgt_vocab_size"] = matrices[key][0]
             break
     ff = f"{prefix}encoder.layers.0.linear1.weight"
-    if ff in shapes:
-        sizes["d_ff"] = shapes[ff][0]
+    if ff in matrices:
+        sizes["d_ff"] = matrices[ff][0]
     for stack in ("encoder", "decoder"):
         start = f"{prefix}{stack}.layers."
-        indices = {int(k[len(start) :].split(".")[0]) for k in shapes if k.startswith(start)}
+        parts = (k[len(start) :].split(".")[0] for k in shapes if k.startswith(start))
+        indices = {int(p) for p in parts if p.isascii() and p.isdecimal() and len(p) < 10}
         if indices:
             sizes[f"num_{stack}_layers"] = max(indices) + 1
     sizes["output_bias"] = OUTPUT_BIAS in shapes
-    if POSITION_EMBEDDINGS["encoder.position_embedding"] in shapes:
-        sizes["max_len"] = shapes[POSITION_EMBEDDINGS["encoder.position_embedding"]][0]
+    if POSITION_EMBEDDINGS["encoder.position_embedding"] in matrices:
+        sizes["max_len"] = matrices[POSITION_EMBEDDINGS["encoder.position_embedding"]][0]
     return sizes
