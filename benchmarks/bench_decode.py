@@ -46,7 +46,8 @@ def decode_source(c: TransformerConfig, batch: int, new_tokens: int, seed: int =
     if length < 1:
         raise ValueError(f"new_tokens must exceed {EXTRA_LEN}, got {new_tokens}")
     rng = np.random.default_rng(seed)
-    return rng.integers(3, c.src_vocab_size, size=(batch, length), dtype=np.int64)
+    ordinary = np.setdiff1d(np.arange(c.src_vocab_size), [c.pad_id, c.bos_id, c.eos_id])
+    return rng.choice(ordinary, size=(batch, length)).astype(np.int64)
 
 
 def measure(

@@ -141,7 +141,7 @@ def greedy_search(
     rows = src.shape[0]
     stepper = start(src, 1, int(limits.max()))
     tokens = np.full(rows, c.bos_id, dtype=np.int64)
-    out = np.zeros((rows, int(limits.max())), dtype=np.int64)
+    out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
     scores = np.zeros(rows)
     lengths = np.zeros(rows, dtype=np.int64)
     finished = np.zeros(rows, dtype=bool)

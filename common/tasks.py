@@ -21,7 +21,10 @@ from common.config import TransformerConfig
 from common.errors import InputError
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
-SPECIALS = (PAD, BOS, EOS)  # ids 0, 1, 2: the config's pad_id, bos_id, eos_id
+SPECIALS = (PAD, BOS, EOS)  # first in every vocabulary (Tokenizer.vocab)
+# Their ids, which a task's config() declares as its pad_id, bos_id and eos_id: derived from the
+# vocabulary's order, never written as numbers elsewhere.
+PAD_ID, BOS_ID, EOS_ID = (SPECIALS.index(token) for token in (PAD, BOS, EOS))
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,10 @@ class Tokenizer:
 
 
 def batch_ids(rows: list[list[int]], *, eos: bool, width: int = 0) -> np.ndarray:
-    """Right-padded (B, L) int64 ids, EOS appended to each row when `eos`; L is at least
-    `width` (a fixed width keeps compiled training steps from retracing per batch)."""
-    rows = [r + [SPECIALS.index(EOS)] if eos else r for r in rows]
-    out = np.zeros((len(rows), max(width, *(len(r) for r in rows))), dtype=np.int64)  # pad 0
+    """Right-padded (B, L) int64 ids (PAD_ID), EOS_ID appended to each row when `eos`; L is at
+    least `width` (a fixed width keeps compiled training steps from retracing per batch)."""
+    rows = [r + [EOS_ID] if eos else r for r in rows]
+    out = np.full((len(rows), max(width, *(len(r) for r in rows))), PAD_ID, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
@@ -154,6 +157,9 @@ class Task:
             dropout=0.0,
             share_embeddings=False,
             tie_output=True,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
         )
 
     def test_pairs(self) -> list[tuple[str, str]]:

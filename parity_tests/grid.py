@@ -32,6 +32,10 @@ POSITIONS = {
     "sin-concatenated": ("sinusoidal", "concatenated"),
     "learned": ("learned", "interleaved"),
 }
+# Special ids that are neither 0 nor the defaults (pad 0, BOS 1, EOS 2), for the GELU third of
+# the grid: a literal 0 (or 1, 2) written where the config's id belongs shows there, and 0 is an
+# ordinary token that must not be masked.
+OTHER_IDS = {"pad_id": 3, "bos_id": 4, "eos_id": 5}
 
 
 def variant(norm: str, act: str, pos: str, emb: str, bias: bool) -> TransformerConfig:
@@ -53,6 +57,8 @@ def variant(norm: str, act: str, pos: str, emb: str, bias: bool) -> TransformerC
             "final_norm": norm == "pre" or emb == "tied",
             "output_bias": not bias,
             "scale_embeddings": act != "gelu",
+            # And the special ids, for a third of it (every level of the other factors).
+            **(OTHER_IDS if act == "gelu" else {}),
         }
     )
 
@@ -90,8 +96,16 @@ PAIRWISE_GRID: dict[str, TransformerConfig] = {_id(*key): variant(*key) for key 
 
 
 def input_cases(c: TransformerConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Ragged padding with src length != tgt length and a fully padded source row; and length 1."""
+    """Ragged padding with src length != tgt length, a pad mid-sequence and a fully padded
+    source row; and length 1."""
+    src, tgt_in = ragged_batch(c, batch=4, src_len=7, tgt_len=5, seed=1)
+    # Row 0 is full length. A pad between real tokens is a masked key that right padding never
+    # shows (a mask built from lengths would miss it); and where 0 is not a special id it is an
+    # ordinary token next to it, which a mask built with a literal 0 would hide.
+    src[0, 3] = tgt_in[0, 3] = c.pad_id
+    if 0 not in (c.pad_id, c.bos_id, c.eos_id):
+        src[0, 2] = tgt_in[0, 2] = 0
     return {
-        "ragged": ragged_batch(c, batch=4, src_len=7, tgt_len=5, seed=1),
+        "ragged": (src, tgt_in),
         "length1": ragged_batch(c, batch=2, src_len=1, tgt_len=1, seed=2),
     }

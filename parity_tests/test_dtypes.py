@@ -21,7 +21,7 @@ from common.dtypes import COMPUTE_DTYPES, numpy_dtype
 from common.init import init_weights
 from common.inputs import ragged_batch
 from common.masks import cross_mask, decoder_self_mask, encoder_self_mask
-from common.tolerances import ATOL, atol_for
+from common.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
 from parity_tests.grid import PAIRWISE_GRID, PAIRWISE_KEYS, input_cases
 
 # Three rows of the pairwise grid with every activation, position kind and embedding sharing.
@@ -98,6 +98,98 @@ def test_bfloat16_tracks_the_float64_oracle(backend, config_id):
                     assert np.all(probs[np.broadcast_to(~mask, probs.shape)] == 0), (
                         f"{name} nonzero at masked keys ({where})"
                     )
+
+
+# -- bfloat16 attention probabilities: a float32 softmax rounded once --------------------------
+
+# One layer a side, post-norm (the first attention reads the embeddings themselves), learned
+# positions and no embedding scale (sinusoids and sqrt(d_model) are not exact in bfloat16), and
+# d_k = 4, so that the 1 / sqrt(d_k) = 1/2 scaling is exact too.
+EXACT = TransformerConfig(
+    src_vocab_size=16,
+    tgt_vocab_size=16,
+    d_model=8,
+    num_heads=2,
+    d_ff=8,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    max_len=8,
+    dropout=0.0,
+    position_kind="learned",
+    scale_embeddings=False,
+    share_embeddings=False,
+    tie_output=False,
+)
+EXACT_MAPS = ("encoder.layers.0.self_attention", "decoder.layers.0.self_attention")
+
+
+@functools.cache
+def exact_case() -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """(weights, src, tgt_in) whose first-layer self-attention scores are exact in bfloat16:
+    embeddings and positions in {-1, 0, 1}, query and key kernels and biases in {-1/4, 0, 1/4}."""
+    weights = init_weights(EXACT, seed=0, scheme="perturbed", dtype="float64")
+    rng = np.random.default_rng(0)
+    for name in (
+        "encoder.embedding",
+        "decoder.embedding",
+        "encoder.position_embedding",
+        "decoder.position_embedding",
+    ):
+        weights[name] = rng.integers(-1, 2, size=weights[name].shape).astype(np.float64)
+    for side in ("encoder", "decoder"):
+        for part in ("query.kernel", "query.bias", "key.kernel", "key.bias"):
+            name = f"{side}.layers.0.self_attention.{part}"
+            weights[name] = rng.integers(-1, 2, size=weights[name].shape) / 4
+    src, tgt_in = ragged_batch(EXACT, batch=4, src_len=7, tgt_len=7, seed=1)
+    return weights, src, tgt_in
+
+
+def test_the_exact_case_has_exact_bfloat16_scores_and_spread_probabilities():
+    """The premise of the bound: every value on the way to the scores is representable in
+    bfloat16 (8 significant bits), in any summation order. x is an integer; q and k are
+    multiples of 1/4 whose partial sums stay below 64 (< 256 steps); the scores' products are
+    multiples of 1/16 whose partial sums stay below 16 (< 256 steps). And the probabilities are
+    spread out, so that their rounding is tested on many values, not on 0s and 1s."""
+    weights, src, tgt_in = exact_case()
+    want = reference.forward(weights, EXACT, src, tgt_in)
+    for side, ids in (("encoder", src), ("decoder", tgt_in)):
+        x = (
+            weights[f"{side}.embedding"][ids]
+            + weights[f"{side}.position_embedding"][: ids.shape[1]]
+        )
+        assert np.all(x == np.round(x)) and np.abs(x).max() <= 2
+        proj = {}
+        for part in ("query", "key"):
+            kernel = weights[f"{side}.layers.0.self_attention.{part}.kernel"]
+            bias = weights[f"{side}.layers.0.self_attention.{part}.bias"]
+            bound = np.einsum("btd,dhk->bhtk", np.abs(x), np.abs(kernel)) + np.abs(bias)[:, None]
+            assert bound.max() < 64
+            proj[part] = np.einsum("btd,dhk->bhtk", x, kernel) + bias[None, :, None, :]
+            assert np.all(proj[part] * 4 == np.round(proj[part] * 4))
+        products = np.einsum("bhtk,bhsk->bhts", np.abs(proj["query"]), np.abs(proj["key"]))
+        assert products.max() < 16
+        probs = want.named()[f"{side}.layers.0.self_attention"]
+        assert np.sum((probs > 0.05) & (probs < 0.95)) > 150
+
+
+def test_bfloat16_attention_probabilities_are_a_float32_softmax_rounded_once(backend):
+    """With exact scores, each probability is within one bfloat16 rounding of the true one:
+    |p - p_oracle| <= BF16_PROBABILITY_RTOL * p (tolerances.py), masked ones exactly 0. A softmax
+    computed in bfloat16 rounds exp, sum and quotient and lands near 2 u: it fails here, while
+    the 0.125 tracking bound above cannot tell it from rounding."""
+    if "bfloat16" not in backend.dtypes:
+        pytest.skip(f"{backend.name} does not compute in bfloat16")
+    weights, src, tgt_in = exact_case()
+    want = reference.forward(weights, EXACT, src, tgt_in).named()
+    got = backend.build(EXACT, weights, dtype="bfloat16").forward(src, tgt_in, attention=True)
+    for name in EXACT_MAPS:
+        g, w = np.asarray(got.named()[name], np.float64), want[name]
+        excess = np.abs(g - w) - BF16_PROBABILITY_RTOL * w
+        worst = np.unravel_index(np.argmax(excess), excess.shape)
+        assert excess.max() <= 0, (
+            f"{name}: {g[worst]!r} against {w[worst]!r}, off by "
+            f"{abs(g[worst] - w[worst]) / w[worst] / 2**-8:.2f} u relative (bound 1 u + 2^-20)"
+        )
 
 
 def base_config() -> TransformerConfig:

@@ -2,8 +2,9 @@
 
 The fixed grid (grid.py) varies the switches at one tiny size. Here the sizes move too: odd head
 counts, head_dim not a power of two, encoder depth != decoder depth, vocabularies from 2 to 300
-(BOS = pad where a vocabulary of 2 forces it), a small max_len, every switch; and ragged batches
-with empty (all-pad) source rows. Every framework runs eagerly in float64 (within 1e-10) and
+(BOS = pad where a vocabulary of 2 forces it), special ids drawn among the first four (so the pad
+is often not 0), a small max_len, every switch; and ragged batches with empty (all-pad) source
+rows and a pad between real tokens. Every framework runs eagerly in float64 (within 1e-10) and
 float32 (within 1e-5) on both attention paths against the float64 oracle on the same weights.
 
 Examples are few so that CI stays fast (each new shape costs JAX a compilation); set
@@ -46,10 +47,15 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
     share = draw(st.booleans())
     src_vocab = draw(st.integers(2, 300))
     tgt_vocab = src_vocab if share else draw(st.integers(2, 300))
-    # pad 0 and eos distinct; bos distinct from eos, and may equal pad (Marian). A vocabulary of
-    # 2 has room for pad and eos only, so bos must be pad there.
-    bos_is_pad = min(src_vocab, tgt_vocab) == 2 or draw(st.booleans())
-    bos_id, eos_id = (0, 1) if bos_is_pad else (1, 2)
+    # Special ids drawn from the first four, so that the pad is often not 0 and 0 often an
+    # ordinary token (a literal 0 written for the pad shows there). eos differs from pad and
+    # bos; bos may equal pad (Marian). A vocabulary of 2 has room for pad and eos only, so bos
+    # must be pad there.
+    smallest = min(src_vocab, tgt_vocab)
+    bos_is_pad = smallest == 2 or draw(st.booleans())
+    ids = draw(st.permutations(range(min(smallest, 4))))
+    pad_id, eos_id = ids[0], ids[1]
+    bos_id = pad_id if bos_is_pad else ids[2]
     return TransformerConfig(
         src_vocab_size=src_vocab,
         tgt_vocab_size=tgt_vocab,
@@ -71,7 +77,7 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
         tie_output=draw(st.booleans()),
         output_bias=draw(st.booleans()),
         attention_bias=draw(st.booleans()),
-        pad_id=0,
+        pad_id=pad_id,
         bos_id=bos_id,
         eos_id=eos_id,
     )
@@ -79,8 +85,8 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray, np.ndarray]:
-    """(config, seed, src, tgt_in): ragged right padding, any row of src may be all pad (a query
-    with no allowed key), tgt_in starts with BOS. Lengths stay within max_len, which learned
+    """(config, seed, src, tgt_in): ragged right padding and a pad inside row 0, any row of src
+    may be all pad (a query with no allowed key), tgt_in starts with BOS. Lengths stay within max_len, which learned
     positions require (sinusoidal extrapolation is tested in test_backend_contract.py)."""
     c = draw(configs())
     seed = draw(st.integers(0, 2**32 - 1))
@@ -89,6 +95,9 @@ def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray, np.ndarr
     tgt_len = draw(st.integers(1, c.max_len))
     src_keep = draw(st.lists(st.integers(0, src_len), min_size=batch, max_size=batch))
     tgt_keep = draw(st.lists(st.integers(1, tgt_len), min_size=batch, max_size=batch))
+    # A pad inside row 0, between real tokens: a masked key that right padding never makes.
+    src_hole = draw(st.integers(0, src_len - 1))
+    tgt_hole = draw(st.integers(1, tgt_len - 1)) if tgt_len > 1 else None
     rng = np.random.default_rng(seed)
     special = {c.pad_id, c.bos_id, c.eos_id}
 
@@ -103,6 +112,9 @@ def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray, np.ndarr
     for row in range(batch):
         src[row, src_keep[row] :] = c.pad_id
         tgt[row, tgt_keep[row] :] = c.pad_id
+    src[0, src_hole] = c.pad_id
+    if tgt_hole is not None:
+        tgt[0, tgt_hole] = c.pad_id
     return c, seed, src.astype(np.int64), tgt.astype(np.int64)
 
 
@@ -189,6 +201,10 @@ def test_drawn_cases_are_valid(case):
         ("head_dim not a power of two", lambda c: c.head_dim in (3, 5, 6, 7)),
         ("encoder depth != decoder depth", lambda c: c.num_encoder_layers != c.num_decoder_layers),
         ("vocabulary of 2, BOS = pad", lambda c: c.tgt_vocab_size == 2 and c.bos_id == c.pad_id),
+        (
+            "pad not 0, BOS neither pad nor 0",
+            lambda c: c.pad_id != 0 and c.bos_id not in (0, c.pad_id) and c.eos_id != 0,
+        ),
         ("vocabulary of 300", lambda c: max(c.src_vocab_size, c.tgt_vocab_size) == 300),
         ("untied, different vocabularies", lambda c: c.src_vocab_size != c.tgt_vocab_size),
         ("odd d_model (learned positions)", lambda c: c.d_model % 2 == 1),

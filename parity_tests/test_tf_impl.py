@@ -216,7 +216,8 @@ def decode_tokens(c: TransformerConfig, rows: int) -> list[np.ndarray]:
     rng = np.random.default_rng(3)
     steps = [np.full(rows, c.bos_id, dtype=np.int64)]
     for t in range(1, DECODE_STEPS):
-        tokens = rng.integers(3, c.tgt_vocab_size, size=rows)
+        ordinary = np.setdiff1d(np.arange(c.tgt_vocab_size), [c.pad_id, c.bos_id, c.eos_id])
+        tokens = rng.choice(ordinary, size=rows)
         if t == 2:
             tokens[::2] = c.pad_id
         steps.append(tokens.astype(np.int64))

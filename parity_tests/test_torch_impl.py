@@ -157,6 +157,10 @@ DECODE_CONFIGS = {
 }
 
 
+def special_ids(c):
+    return [c.pad_id, c.bos_id, c.eos_id]
+
+
 def decode_case(config, dtype, seed=0):
     """A model with perturbed weights, the oracle's float64 copy of the same weights, a ragged
     source of 3 rows (the last all padding) and a fixed (N = 3 * 2, 8) token sequence fed one
@@ -168,7 +172,8 @@ def decode_case(config, dtype, seed=0):
     src, _ = ragged_batch(config, batch=3, src_len=6, tgt_len=1, seed=seed + 3)
     assert np.all(src[-1] == config.pad_id) and np.any(src[1] == config.pad_id)
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(3, config.tgt_vocab_size, size=(6, 8))
+    ordinary = np.setdiff1d(np.arange(config.tgt_vocab_size), special_ids(config))
+    tokens = rng.choice(ordinary, size=(6, 8))
     tokens[:, 0] = config.bos_id
     tokens[::2, 3] = config.pad_id
     tokens[1, 5] = config.eos_id
