@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before any command imports TensorFlow
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -57,9 +58,9 @@ class _Parser(argparse.ArgumentParser):
 
 def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
     """What `rosetta inspect` shows, as data: source, config, tensors, parameter count."""
-    if args.file and (args.preset or args.config):
+    if args.file is not None and (args.preset or args.config):
         raise UsageError("give a weight FILE or --preset/--config, not both")
-    if args.file:
+    if args.file is not None:
         if any(v is not None for v in (args.src_vocab, args.tgt_vocab, args.vocab)):
             raise UsageError("--vocab/--src-vocab/--tgt-vocab apply to --preset/--config only")
         wf = load_weights(args.file)
@@ -237,6 +238,17 @@ def seed_int(text: str) -> int:
     return value
 
 
+MAX_REPEATS = 1000  # a benchmark's rounds: beyond this a run is a hang, not a measurement
+
+
+def repeats_int(text: str) -> int:
+    """An argparse type: 1 to MAX_REPEATS timed rounds."""
+    value = positive_int(text)
+    if value > MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEATS}, got {value}")
+    return value
+
+
 def warn(message: str) -> None:
     """One line on stderr that does not stop the command."""
     print(f"rosetta: warning: {message}", file=sys.stderr)
@@ -320,7 +332,7 @@ def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows
     """parity --plot: the layer, head and row exist and the PNGs can be written; checked before
     any framework runs. Returns the layer."""
     layer = args.plot_layer if args.plot_layer is not None else config.num_decoder_layers - 1
-    if not args.plot:
+    if args.plot is None:
         return layer
     layers = min(config.num_encoder_layers, config.num_decoder_layers)
     if not 0 <= layer < layers:
@@ -334,7 +346,8 @@ def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows
     from common.plots import attention_plot_names
 
     names = attention_plot_names(layer, args.plot_head)
-    check_output_folder(args.plot, names, what="--plot", force=args.force)
+    inputs = (getattr(args, "weights", None), getattr(args, "inputs", None))
+    check_output_folder(args.plot, names, what="--plot", force=args.force, inputs=inputs)
     return layer
 
 
@@ -467,7 +480,7 @@ def run_forward_command(args: argparse.Namespace) -> int:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
 
-    atomic_write(out_path, write)
+    atomic_write(out_path, write, size=sum(a.nbytes for a in arrays.values()))
     summary = {
         "framework": backend.version(),
         "device": devices[0],
@@ -537,6 +550,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
         config=config,
         force=args.force,
         allow_nonfinite=args.allow_nonfinite,
+        also_read=(args.config,),
     )
     if args.json:
         print(
@@ -669,7 +683,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src-len", type=positive_int, default=128, help="default 128")
     p.add_argument("--tgt-len", type=positive_int, default=128, help="default 128")
     p.add_argument(
-        "--repeats", type=positive_int, default=5, help="timed rounds, median taken (default 5)"
+        "--repeats",
+        type=repeats_int,
+        default=5,
+        help=f"timed rounds, median taken (default 5, at most {MAX_REPEATS})",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=run_bench_command)
@@ -705,6 +722,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Every error a user can cause ends here as one line on stderr and exit
     2; a termination signal as one line and 128 + its number, after removing partial files."""
     _replace_closed_streams()
+    for stream in (sys.stdout, sys.stderr):  # a name the terminal cannot encode is escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     try:
         with signals_end_cleanly():
@@ -740,7 +760,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"rosetta: error: {shown(message or 'failed')}", file=sys.stderr)
+    with contextlib.suppress(OSError):  # stderr itself may be a full disk: the exit code stays
+        print(f"rosetta: error: {shown(message or 'failed')}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 

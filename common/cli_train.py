@@ -15,8 +15,10 @@ from common.cli import EXIT_FAILURE, EXIT_OK, UsageError, positive_int, seed_int
 from common.config import TransformerConfig
 from common.format import META_TASK, check_finite, load_weights, save_weights
 from common.masks import shift_right
-from common.outputs import check_output_file, check_output_folder, make_folder
+from common.outputs import check_free_space, check_output_file, check_output_folder, make_folder
 from common.progress import ProgressBar
+from common.resources import check_fits, decode_bytes, weights_bytes
+from common.search import EXTRA_LEN
 from common.tasks import TASKS, Task, get_task
 from common.trainer import exact_match, initial_weights, train, translate
 
@@ -65,11 +67,15 @@ def run_train_command(args: argparse.Namespace) -> int:
         args.out, force=args.force, suffix=".safetensors", inputs=(args.weights,)
     )
     if args.plot:
-        check_output_file(loss_plot_path(out), what="--plot", force=args.force)
+        check_output_file(
+            loss_plot_path(out), what="--plot", force=args.force, inputs=(args.weights,)
+        )
     if args.weights:
         config, weights = resume_weights(task, args.weights, args.allow_nonfinite)
     else:
         config, weights = initial_weights(task, args.seed)
+    itemsize = 8 if args.dtype == "float64" else 4
+    check_free_space(out.parent, weights_bytes(config, itemsize), "--out")  # before training
     model = build(args.framework, config, weights, args.dtype)
     steps = args.steps or task.steps
     print(f"task {task.name}: {task.description}")
@@ -152,17 +158,23 @@ def resume_weights(
     return found.config(), weights
 
 
-def load_task_model(
-    framework: str, path: str, task_name: str | None, dtype: str, allow_nonfinite: bool = False
-) -> tuple[Model, Task]:
-    task, weights = load_task_weights(path, task_name, allow_nonfinite)
-    return build(framework, task.config(), weights, dtype), task
+def check_beam(task: Task, texts: list[str], beam: int) -> None:
+    """Refuse a beam wider than the target vocabulary (its extra hypotheses could never differ)
+    or one whose caches would not fit, before the model is built."""
+    config = task.config()
+    if beam > config.tgt_vocab_size:
+        raise UsageError(
+            f"--beam {beam} is wider than the target vocabulary ({config.tgt_vocab_size} tokens)"
+        )
+    src = task.encode_sources(texts)
+    steps = src.shape[1] + EXTRA_LEN
+    check_fits(decode_bytes(config, len(texts), src.shape[1], beam, steps), f"--beam {beam}")
 
 
 def run_translate_command(args: argparse.Namespace) -> int:
-    model, task = load_task_model(
-        args.framework, args.weights, args.task, args.dtype, args.allow_nonfinite
-    )
+    task, weights = load_task_weights(args.weights, args.task, args.allow_nonfinite)
+    check_beam(task, args.text, args.beam)
+    model = build(args.framework, task.config(), weights, args.dtype)
     outputs = translate(model, task, args.text, beam=args.beam)
     if args.json:
         print(
@@ -240,8 +252,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
     folder = Path(args.out)
     names = demo_file_names(task)
     # Every check before training: the folder, its files, the example and the framework.
-    check_output_folder(folder, names.values(), what="--out", force=args.force)
+    check_output_folder(args.out, names.values(), what="--out", force=args.force)
     task.encode_sources([args.example])
+    check_beam(task, list(DEMO_INPUTS), args.beam)
     config, weights = initial_weights(task, args.seed)
     trained = build(args.framework, config, weights, "float32")
     others = [f for f in TRAINABLE if f != args.framework]

@@ -8,7 +8,7 @@ written through the backend registry, so this module imports no framework itself
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from common.dtypes import dtype_name
 from common.errors import RosettaError
 from common.format import check_finite, check_tensors, load_weights, save_weights
 from common.names import parameter_count
-from common.outputs import check_output_file
+from common.outputs import check_free_space, check_output_file
 from common.safe_read import regular_file, shown
 
 # kind -> the backend whose native checkpoint it is
@@ -163,17 +163,21 @@ def convert(
     config: TransformerConfig | None = None,
     force: bool = False,
     allow_nonfinite: bool = False,
+    also_read: Sequence[str | Path | None] = (),
 ) -> Converted:
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
-    Weights holding NaN or Inf are refused unless `allow_nonfinite`."""
+    Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
+    other files the caller read (a config), which `dst` may not be either."""
     src, dst = Path(src), Path(dst)
     if not src.exists():
         if src.is_symlink():  # a dangling link or a loop: say which
             regular_file(src, "a file to convert")
         raise ConvertError(f"{shown(src)}: no such file or folder")
+    if not src.is_dir():  # a FIFO or device is refused from its stat, never opened
+        regular_file(src, "a file to convert")
     if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
-    dst = check_output_file(dst, what="DST", force=force, inputs=(src,))
+    dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
     from_kind = from_kind or infer_source_kind(src)
     to_kind = to_kind or infer_destination_kind(dst)
     if to_kind in IMPORT_KINDS:
@@ -183,6 +187,8 @@ def convert(
     model_config, tensors = read_source(src, from_kind, config)
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
     check_finite(src, tensors, allow_nonfinite)
+    # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
+    check_free_space(dst.parent, sum(np.asarray(t).nbytes for t in tensors.values()), "DST")
     write_destination(
         dst, to_kind, model_config, tensors, producer=f"rosetta convert from {from_kind}"
     )

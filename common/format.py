@@ -409,7 +409,14 @@ def save_weights(
         metadata[META_TASK] = task
     if not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise WeightFileError(str(path), [f"folder {path.parent} does not exist"])
-    atomic_write(path, lambda tmp: safetensors.numpy.save_file(ordered, tmp, metadata=metadata))
+    size = (
+        sum(a.nbytes for a in ordered.values())
+        + sum(len(v) for v in metadata.values())
+        + 64 * len(ordered)
+    )
+    atomic_write(
+        path, lambda tmp: safetensors.numpy.save_file(ordered, tmp, metadata=metadata), size
+    )
 
 
 def nonfinite_counts(tensors: Mapping[str, np.ndarray]) -> dict[str, dict[str, int]]:

@@ -30,6 +30,9 @@ from common.safe_read import shown
 
 # Temp folders of the writes under way; a signal handler removes them before the process exits.
 _PENDING: set[str] = set()
+# Destinations that did not exist when checked: if one appears while the command works (another
+# program, a second run), it is not replaced, --force or not, since nobody asked to replace it.
+_NEW: set[str] = set()
 # Signals that end the process through `Interrupted`, so that `finally` blocks run. SIGINT
 # already raises KeyboardInterrupt; SIGKILL and SIGSTOP cannot be caught.
 CAUGHT_SIGNALS = tuple(
@@ -39,6 +42,11 @@ CAUGHT_SIGNALS = tuple(
 
 class OutputError(RosettaError):
     """A destination that cannot or must not be written."""
+
+
+class WriteFailed(OutputError, OSError):
+    """A writer that failed midway (a full disk, a library's own error type): still an OSError,
+    as what it wraps was, and a RosettaError with one line naming the file."""
 
 
 class Interrupted(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error class
@@ -64,21 +72,59 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
         raise OutputError(f"{what}: {shown(path)}: not a valid file name") from None
 
 
-def probe_folder(folder: Path, what: str) -> None:
-    """Refuse a folder we cannot create a file in, by creating (and removing) one."""
+def probe_folder(folder: Path, what: str, name: str = ".rosetta-probe") -> None:
+    """Refuse a folder we cannot create `name` in, by creating (and removing) it inside a temp
+    folder, exactly as atomic_write will: a read-only or full file system, a name too long for
+    it, or one it cannot encode, shows here and not after the work."""
     st = _stat(folder, what)
     if st is None:
         raise OutputError(f"{what}: folder {shown(folder)}: the destination folder does not exist")
     if not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{what}: {shown(folder)} is not a folder")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".rosetta-probe.", dir=folder)
-    except OSError as exc:
+        tmpdir = _make_temp_folder(folder, name)
+    except (OSError, UnicodeError) as exc:
+        raise OutputError(f"{what}: cannot write in {shown(folder)}: {_reason(exc)}") from None
+    try:
+        Path(tmpdir, name).touch()
+    except (OSError, UnicodeError) as exc:
         raise OutputError(
-            f"{what}: cannot write in {shown(folder)}: {exc.strerror or exc}"
+            f"{what}: cannot write {shown(name)} in {shown(folder)}: {_reason(exc)}"
         ) from None
-    os.close(fd)
-    os.unlink(probe)
+    finally:
+        _remove_temp_folder(tmpdir)
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _make_temp_folder(folder: Path, name: str) -> str:
+    """A new `.NAME.XXXX.partial` folder in `folder`, registered for removal on a signal. The
+    catchable signals are held back while it is made and registered, so that no signal can
+    land between the two and leave it behind."""
+    held = set(CAUGHT_SIGNALS) | {signal.SIGINT}
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        tmpdir = tempfile.mkdtemp(prefix=_temp_prefix(name), suffix=".partial", dir=folder)
+        _PENDING.add(tmpdir)
+    finally:
+        if in_main:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return tmpdir
+
+
+def _remove_temp_folder(tmpdir: str) -> None:
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    _PENDING.discard(tmpdir)
+
+
+def _temp_prefix(name: str) -> str:
+    """The temp folder's name stays short whatever the destination's (a name near the file
+    system's limit still fits inside it)."""
+    return f".{name[:40]}."
 
 
 def check_output_file(
@@ -94,6 +140,7 @@ def check_output_file(
     them may be the destination, even with --force."""
     if not os.fspath(path):
         raise OutputError(f"{what}: the file name is empty")
+    inputs = [source for source in inputs if source]  # read twice below; "" is no file
     path = Path(path)
     if suffix is not None and not path.name.endswith(suffix):
         raise OutputError(f"{what}: {shown(path)} should end in {suffix}")
@@ -109,18 +156,40 @@ def check_output_file(
         if not force:
             raise OutputError(f"{what}: {shown(path)} exists; pass --force to overwrite it")
         for source in inputs:
-            if source is not None and _same_file(path, Path(source)):
+            if _same_file(path, Path(source)):
                 raise OutputError(
                     f"{what}: {shown(path)} is also an input of this command; refusing to "
                     "overwrite what it reads (--force does not apply)"
                 )
+    for source in inputs:  # an input folder (a Marian model): nothing inside it is written
+        if Path(source).is_dir() and _inside(path, Path(source)):
+            raise OutputError(
+                f"{what}: {shown(path)} is inside the input folder {shown(source)}; refusing to "
+                "write into what this command reads"
+            )
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    probe_folder(target.parent if str(target.parent) else Path("."), what)
+    probe_folder(target.parent if str(target.parent) else Path("."), what, target.name)
+    if st is None:
+        _NEW.add(os.path.abspath(target))
+    else:  # replacing it was asked for (--force)
+        _NEW.discard(os.path.abspath(target))
     return target
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+    except (OSError, ValueError):
+        return False
+
+
 def check_output_folder(
-    folder: str | os.PathLike, names: Iterable[str], *, what: str, force: bool = False
+    folder: str | os.PathLike,
+    names: Iterable[str],
+    *,
+    what: str,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike | None] = (),
 ) -> Path:
     """The checks for a command that writes `names` into `folder` (made if absent): the folder,
     or its nearest existing ancestor, must be a folder we can write in, and each file is checked
@@ -133,13 +202,15 @@ def check_output_folder(
         ancestor = folder.absolute().parent
         while _stat(ancestor, what) is None:
             ancestor = ancestor.parent
-        probe_folder(ancestor, what)
+        for name in names:
+            probe_folder(ancestor, what, name)
+            _NEW.add(os.path.abspath(folder / name))
         return folder
     if not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{what}: {shown(folder)} exists and is not a folder")
-    probe_folder(folder, what)
+    inputs = list(inputs)
     for name in names:
-        check_output_file(folder / name, what=what, force=force)
+        check_output_file(folder / name, what=what, force=force, inputs=inputs)
     return folder
 
 
@@ -159,34 +230,74 @@ def make_folder(folder: Path, what: str) -> None:
         raise OutputError(f"{what}: cannot create {shown(folder)}: {exc.strerror or exc}") from None
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Refuse a write of `needed` bytes into a folder whose file system has less free: a full
+    disk mid-write is an error some writers (HDF5) cannot even report cleanly."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if needed > free:
+        raise OutputError(
+            f"{what}: {shown(folder)} has {free / 2**20:,.1f} MiB free; the file needs about "
+            f"{needed / 2**20:,.1f} MiB"
+        )
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[str], None], size: int | None = None
+) -> None:
     """Call write(temp_path), fsync the result, then rename it over `path` in one step.
 
     temp_path has the same file name as `path` (so a library that insists on a suffix, like
     Keras's `.weights.h5`, is satisfied) inside a temp folder `.NAME.XXXX.partial` beside `path`;
     whatever `write` leaves in that folder is removed on every exit: success, error, Ctrl-C,
-    SIGTERM or SIGHUP. `path` is as it was until the rename.
+    SIGTERM or SIGHUP. `path` is as it was until the rename. `size`, the bytes about to be
+    written, is checked against the free space first. A writer's failure (a full disk, a
+    library's own error type) becomes an OutputError naming `path`.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise OutputError(f"{shown(path)}: folder {shown(folder)} does not exist")
+    if size is not None:
+        check_free_space(folder, size, shown(path))
     try:
-        tmpdir = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
+        tmpdir = _make_temp_folder(folder, path.name)
     except OSError as exc:
-        raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
-    _PENDING.add(tmpdir)
+        raise OutputError(f"cannot write in {shown(folder)}: {_reason(exc)}") from None
     try:
         tmp = os.path.join(tmpdir, path.name)
-        write(tmp)
+        try:
+            write(tmp)
+        except Exception as exc:  # noqa: BLE001 - every writer's own error type, named once
+            reason = (_reason(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise WriteFailed(f"cannot write {shown(path)}: {reason}") from exc
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
+        _move_into_place(tmp, path)
         _fsync_folder(folder)
     finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        _PENDING.discard(tmpdir)
+        _remove_temp_folder(tmpdir)
+
+
+def _move_into_place(tmp: str, path: Path) -> None:
+    """Rename `tmp` over `path` in one step; for a destination that was new when checked, link
+    instead, which fails rather than replace a file that appeared meanwhile."""
+    if os.path.abspath(path) not in _NEW:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+        _NEW.discard(os.path.abspath(path))
+    except FileExistsError:
+        raise OutputError(
+            f"{shown(path)} appeared while this command worked; it was left as it is, and "
+            "nothing was written"
+        ) from None
+    except OSError:  # a file system without hard links: the plain rename
+        os.replace(tmp, path)
 
 
 def _mode_for(path: Path) -> int:

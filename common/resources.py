@@ -80,3 +80,16 @@ def check_forward_fits(
     cannot fit, before the weights or inputs are made."""
     per_model = weights_bytes(config) + forward_bytes(config, batch, src_len, tgt_len)
     check_fits(models * per_model, what)
+
+
+def decode_bytes(config: TransformerConfig, rows: int, src_len: int, beam: int, steps: int) -> int:
+    """A cached decode of `rows` inputs with `beam` hypotheses each: the repeated encoder output,
+    every decoder layer's cross-attention keys and values over the source and its self-attention
+    buffers of `steps` positions, and one step's logits, in float64."""
+    c = config
+    hypotheses = rows * beam
+    per_layer = 2 * (src_len + steps) * c.d_model  # keys and values, cross and self
+    numbers = hypotheses * (
+        src_len * c.d_model + c.num_decoder_layers * per_layer + c.tgt_vocab_size
+    )
+    return 8 * numbers

@@ -161,6 +161,8 @@ def regular_file(path: str | os.PathLike, what: str) -> Path:
     `what` names the file expected, with its article ("a weight file"), for messages such as
     "is a folder, not a weight file". Raises MissingFile or FileProblem.
     """
+    if not os.fspath(path):  # Path("") would be the current folder
+        raise FileProblem("the file name is empty", '""')
     path = Path(path)
     try:
         st = os.stat(path)
@@ -340,6 +342,8 @@ def ids_header_problem(shape: tuple[int, ...], dtype: np.dtype) -> str | None:
         return (
             f"it holds an array of shape {list(shape)}; token ids must be rank 2, [batch, length]"
         )
+    if any(not isinstance(n, int) or n < 0 for n in shape):
+        return f"its header claims shape {brief(list(shape))}; sizes must be whole numbers >= 0"
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > MAX_NPY_BYTES:
         return (

@@ -242,6 +242,10 @@ def beam_search(
         feed = next_tokens
     tokens, scores, ended = [], np.zeros(batch), np.zeros(batch, dtype=bool)
     for b in range(batch):
+        if not finished[b]:  # no finite log-probability at all (weights holding NaN or Inf)
+            tokens.append(np.zeros(0, dtype=np.int64))
+            scores[b] = np.nan
+            continue
         # The best score; among equal scores, the hypothesis found first.
         best = min(range(len(finished[b])), key=lambda i: (-finished[b][i][0], i))
         scores[b], _, seq, ended[b] = finished[b][best]

@@ -48,9 +48,11 @@ def refused(code: int, err: str, *needles: str) -> str:
     return err
 
 
-def cli(*argv: object, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+def cli(
+    *argv: object, timeout: float = 120, env_extra: dict | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process (for streams, signals and FIFOs)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT), **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "common.cli", *map(str, argv)],
         capture_output="stdout" not in kwargs and "stderr" not in kwargs,
@@ -195,16 +197,26 @@ def test_a_signal_during_a_real_write_leaves_nothing_and_keeps_the_old_file(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     deadline = time.monotonic() + 120
-    while not any(p.name.endswith(".partial") for p in tmp_path.iterdir()):
+    while not _writing(tmp_path):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the write never started"
         time.sleep(0.002)
-    proc.send_signal(sig)  # the temp folder exists: the write is under way
+    proc.send_signal(sig)  # bytes are landing in the temp folder: the write is under way
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [dst.name]  # no partial file or folder
     assert dst.read_bytes() == b"the previous file, byte for byte"
+
+
+def _writing(folder: Path) -> bool:
+    """A temp folder holds a non-empty file: the real write has begun (the up-front check makes
+    a temp folder too, with an empty file)."""
+    return any(
+        f.stat().st_size > 0
+        for d in folder.glob(".*.partial")
+        for f in (d.iterdir() if d.is_dir() else ())
+    )
 
 
 def test_the_written_file_has_ordinary_permissions(capsys, tmp_path):
@@ -222,7 +234,7 @@ def test_the_written_file_has_ordinary_permissions(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("out", "needle"),
     [
-        ("/proc/rosetta-test.npz", "cannot write in /proc"),
+        ("/proc/rosetta-test.npz", "in /proc"),
         ("{tmp}/no/such/folder/out.npz", "does not exist"),
         ("{tmp}", "should end in .npz"),
         ("{tmp}/folder.npz", "is a folder"),
@@ -262,7 +274,7 @@ def test_a_read_only_folder_is_refused_before_the_work(capsys, tmp_path, ids, mo
             capsys, "forward", "--framework", "numpy", "--weights", VECTOR,
             "--src", ids[0], "--tgt", ids[1], "--out", folder / "out.npz",
         )  # fmt: skip
-        refused(code, err, "cannot write in")
+        refused(code, err, "cannot write")
     finally:
         folder.chmod(0o755)
 
@@ -284,7 +296,7 @@ def test_a_read_only_current_folder_is_refused_before_training(capsys, monkeypat
     monkeypatch.setattr("common.cli_train.run_training", _no_training)
     argv = ["train", "--framework", "torch", "--task", "numbers", "--out", "m.safetensors"]
     code, _, err = run(capsys, *(argv if command == "train" else ["demo"]))
-    refused(code, err, "cannot write in")
+    refused(code, err, "cannot write")
 
 
 def test_demo_refuses_to_overwrite_an_earlier_demo_without_force(capsys, tmp_path, monkeypatch):
@@ -512,3 +524,207 @@ def test_forward_warns_on_nonfinite_weights(tmp_path, nan_file):
     assert "2 tensors hold non-finite values" in proc.stderr
     with np.load(tmp_path / "o.npz") as npz:
         assert np.isnan(npz["logits"]).all()
+
+
+# -- a second round: cases a fresh hostile run found ------------------------------------------
+
+
+def test_translate_refuses_a_beam_wider_than_the_vocabulary(capsys, nan_file):
+    code, _, err = run(
+        capsys, "translate", "--framework", "torch", "--weights", nan_file,
+        "--allow-nonfinite", "--beam", "100000000", "12",
+    )  # fmt: skip
+    refused(code, err, "--beam 100000000 is wider than the target vocabulary")
+
+
+@pytest.mark.parametrize("beam", ["1", "3"])
+def test_allowed_nonfinite_weights_decode_to_nothing_without_crashing(capsys, nan_file, beam):
+    code, out, err = run(
+        capsys, "translate", "--framework", "torch", "--weights", nan_file,
+        "--allow-nonfinite", "--beam", beam, "--json", "12", "5",
+    )  # fmt: skip
+    assert code == 0, err
+    assert [row["output"] for row in json.loads(out)] == ["", ""]
+
+
+def test_parity_plot_with_an_empty_folder_name_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr("common.parity.run_parity", _no_parity)
+    refused(*run(capsys, "parity", "--frameworks", "torch", "--plot", "")[::2], "empty")
+
+
+def test_bench_repeats_are_bounded(capsys):
+    refused(*run(capsys, "bench", "--repeats", "100000000000")[::2], "at most 1000")
+
+
+@pytest.mark.parametrize("option", ["--weights", "--inputs"])
+def test_an_input_inside_the_plot_folder_is_never_overwritten(capsys, tmp_path, option):
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    victim = folder / "encoder_layers_1_self_attention_head0.png"
+    if option == "--weights":
+        config = preset("tiny")
+        save_weights(victim, init_weights(config, seed=0), config, producer="test")
+    else:
+        np.savez(victim.with_suffix(".npz"), src=np.ones((2, 3), int), tgt=np.ones((2, 2), int))
+        victim.with_suffix(".npz").rename(victim)
+    before = victim.read_bytes()
+    code, _, err = run(
+        capsys, "parity", "--frameworks", "torch", option, victim, "--plot", folder, "--force"
+    )
+    refused(code, err, "is also an input")
+    assert victim.read_bytes() == before
+
+
+def test_train_never_writes_its_loss_plot_over_its_starting_weights(capsys, tmp_path, monkeypatch):
+    task = get_task("numbers")
+    weights = tmp_path / "m.loss.png"
+    save_weights(weights, init_weights(task.config(), seed=0), task.config(), "t", task="numbers")
+    before = weights.read_bytes()
+    monkeypatch.setattr("common.cli_train.run_training", _no_training)
+    code, _, err = run(
+        capsys, "train", "--framework", "torch", "--task", "numbers", "--weights", weights,
+        "--out", tmp_path / "m.safetensors", "--plot", "--force",
+    )  # fmt: skip
+    refused(code, err, "m.loss.png is also an input")
+    assert weights.read_bytes() == before
+
+
+def test_convert_never_writes_into_the_folder_it_reads(capsys, tmp_path):
+    folder = tmp_path / "marian"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "pytorch_model.bin").write_bytes(b"the model")
+    code, _, err = run(
+        capsys, "convert", folder, folder / "pytorch_model.bin", "--to", "torch", "--force"
+    )
+    refused(code, err, "inside the input folder")
+    assert (folder / "pytorch_model.bin").read_bytes() == b"the model"
+
+
+def test_a_file_name_too_long_for_the_file_system_is_refused_before_training(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("common.cli_train.run_training", _no_training)
+    out = tmp_path / ("x" * 300 + ".safetensors")
+    code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
+    refused(code, err, "File name too long")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 200 KiB file system (tmpfs), or skip where this user may not mount one."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".weights.h5", ".msgpack"])
+def test_a_disk_too_small_is_refused_before_writing(capsys, base_file, small_disk, suffix):
+    code, _, err = run(
+        capsys, "convert", base_file, small_disk / f"base{suffix}",
+        "--config", base_file.with_name("base.json"),
+    )  # fmt: skip
+    refused(code, err, "MiB free")
+    assert list(small_disk.iterdir()) == []
+
+
+def test_train_refuses_a_disk_too_small_before_training(capsys, small_disk, monkeypatch):
+    (small_disk / "filler").write_bytes(b"\0" * 150_000)
+    monkeypatch.setattr("common.cli_train.run_training", _no_training)
+    code, _, err = run(
+        capsys, "train", "--framework", "torch", "--task", "numbers",
+        "--out", small_disk / "m.safetensors",
+    )  # fmt: skip
+    refused(code, err, "MiB free")
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing(capsys, tmp_path, small_disk):
+    # 150 KB of the 200 KiB already taken: the PNGs pass the up-front check (their size is not
+    # known before drawing) and the disk fills up while one is written.
+    (small_disk / "filler").write_bytes(b"\0" * 150_000)
+    code, _, err = run(capsys, "parity", "--frameworks", "torch", "--plot", small_disk)
+    assert code == 2 and err.splitlines()[-1].startswith("rosetta: error: cannot write ")
+    assert "No space left on device" in err and "Traceback" not in err
+    assert not [p for p in small_disk.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_name_the_terminal_cannot_encode_is_escaped(tmp_path):
+    out = tmp_path / "modèle.safetensors"
+    env = {"PYTHONIOENCODING": "ascii"}
+    proc = cli("convert", VECTOR, out, env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "mod\\xe8le.safetensors" in proc.stdout and out.exists()
+
+
+def test_a_destination_that_appears_during_the_work_is_not_replaced(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "m.safetensors"
+
+    def someone_else_writes(*_args: object, **_kwargs: object) -> list[float]:
+        out.write_bytes(b"theirs")  # another program, while this one trains
+        return [1.0]
+
+    backend_or_skip("torch")
+    monkeypatch.setattr("common.cli_train.run_training", someone_else_writes)
+    monkeypatch.setattr("common.cli_train.exact_match", lambda *a: (0.0, []))
+    code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
+    assert code == 2 and "appeared while this command worked" in err.splitlines()[-1]
+    assert out.read_bytes() == b"theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_a_fifo_or_external_storage_is_never_read_as_a_keras_file(capsys, tmp_path, config_json):
+    h5py = pytest.importorskip("h5py")
+    fifo = tmp_path / "fifo.weights.h5"
+    os.mkfifo(fifo)
+    proc = cli("convert", fifo, tmp_path / "o.safetensors", "--config", config_json, timeout=60)
+    assert proc.returncode == 2 and "FIFO" in proc.stderr, proc.stderr
+    external = tmp_path / "ext.weights.h5"
+    with h5py.File(external, "w") as h5:
+        h5.create_dataset("x", shape=(4,), dtype="f4", external=[("/dev/zero", 0, 16)])
+    code, _, err = run(capsys, "convert", external, tmp_path / "o.safetensors", "--config",
+                       config_json)  # fmt: skip
+    assert code == 2 and "o.safetensors" not in os.listdir(tmp_path)
+
+
+@pytest.fixture
+def config_json(tmp_path) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(preset("tiny").to_json())
+    return path
+
+
+def test_convert_never_writes_over_its_config(capsys, tmp_path, config_json):
+    before = config_json.read_bytes()
+    code, _, err = run(capsys, "convert", VECTOR, config_json, "--to", "rosetta", "--config",
+                       config_json, "--force")  # fmt: skip
+    refused(code, err, "is also an input")
+    assert config_json.read_bytes() == before
+
+
+def test_ids_with_a_negative_size_in_their_header_are_refused(capsys, tmp_path):
+    src = tmp_path / "s.npy"
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (-2, -3), }"
+    src.write_bytes(b"\x93NUMPY\x01\x00" + len(header.ljust(117) + "\n").to_bytes(2, "little")
+                    + (header.ljust(117) + "\n").encode() + b"\0" * 48)  # fmt: skip
+    code, _, err = run(capsys, "forward", "--framework", "numpy", "--dtype", "float64",
+                       "--weights", VECTOR, "--src", src, "--tgt", src,
+                       "--out", tmp_path / "o.npz")  # fmt: skip
+    refused(code, err, "sizes must be whole numbers")
+
+
+def test_inspect_of_an_empty_file_name_is_refused(capsys):
+    refused(*run(capsys, "inspect", "")[::2], "the file name is empty")
+
+
+def test_an_error_on_a_full_stderr_still_exits_2(tmp_path):
+    with open("/dev/full", "w") as full:
+        proc = cli("inspect", tmp_path / "nope.safetensors", stdout=subprocess.PIPE, stderr=full)
+    assert proc.returncode == 2

@@ -25,7 +25,7 @@ from common.errors import WeightFileError
 from common.format import tensor_problems
 from common.names import canonical_shapes
 from common.outputs import atomic_write
-from common.safe_read import FileProblem, regular_file, shown
+from common.safe_read import FileProblem, listing, regular_file, shown
 from tf_impl.model import Transformer
 
 # Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable is
@@ -197,6 +197,16 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
                 )
             if problems:
                 raise WeightFileError(str(path), problems)
+            # HDF5 can keep a dataset's bytes in other files (external storage, virtual
+            # datasets): /dev/zero, a FIFO, anyone's file. A checkpoint Keras wrote never does.
+            elsewhere = [p for p in layout if h5[p].external or h5[p].is_virtual]
+            if elsewhere:
+                raise WeightFileError(
+                    str(path),
+                    [
+                        f"datasets stored outside the file, which are never read: {listing(elsewhere)}"
+                    ],
+                )
             tensors = {}
             for ds_path, name in layout.items():
                 ds = h5[ds_path]
