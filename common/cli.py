@@ -343,11 +343,14 @@ def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows
         )
     if not 0 <= args.plot_row < rows:
         raise UsageError(f"--plot-row {args.plot_row} is outside the batch rows 0..{rows - 1}")
-    from common.plots import attention_plot_names
+    from common.plots import PNG_BYTES_BOUND, attention_plot_names
 
     names = attention_plot_names(layer, args.plot_head)
     inputs = (getattr(args, "weights", None), getattr(args, "inputs", None))
-    check_output_folder(args.plot, names, what="--plot", force=args.force, inputs=inputs)
+    needed = len(names) * PNG_BYTES_BOUND
+    check_output_folder(
+        args.plot, names, what="--plot", force=args.force, inputs=inputs, needed=needed
+    )
     return layer
 
 
@@ -466,6 +469,7 @@ def run_forward_command(args: argparse.Namespace) -> int:
     src, tgt_in = check_inputs(config, raw_src, raw_tgt)
     check_forward_fits(config, src.shape[0], src.shape[1], tgt_in.shape[1], 1, "this forward pass")
     backend = get_backend(args.framework)
+    args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
     if args.dtype not in backend.dtypes:
         raise UsageError(
             f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
@@ -522,7 +526,11 @@ def add_forward(sub: argparse._SubParsersAction) -> None:
         metavar="TGT.npy",
         help="decoder input ids, integer [batch, T], starting with BOS",
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64", "bfloat16"],
+        help="compute dtype (default float32; float64 for numpy, the only one the oracle has)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument(
         "--no-attention",
@@ -725,9 +733,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a name the terminal cannot encode is escaped
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    parser = build_parser()
+    sys.stdout = _StdoutThatMayClose(sys.stdout)
     try:
         with signals_end_cleanly():
+            parser = build_parser()
             args = parser.parse_args(argv)
             if not hasattr(args, "run"):
                 raise UsageError(
@@ -750,19 +759,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Interrupted as exc:
         print(f"rosetta: stopped by {exc}; no partial file was left", file=sys.stderr)
         return 128 + exc.signum
-    except BrokenPipeError:  # `rosetta inspect ... | head`
-        _silence_stdout()
-        return EXIT_OK
     except OSError as exc:  # e.g. stdout on a full disk, or a write that the system refused
         _silence_stdout()
-        where = shown(exc.filename) if exc.filename else "the output"
+        where = shown(exc.filename) if exc.filename else "to standard output"
         return _fail(f"cannot write {where}: {exc.strerror or exc}")
+    finally:
+        if isinstance(sys.stdout, _StdoutThatMayClose):
+            sys.stdout = sys.stdout.stream
+
+
+MAX_MESSAGE_CHARS = 1000  # an error is one readable line, whatever the input it quotes
 
 
 def _fail(message: str) -> int:
+    text = shown(message or "failed")
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 40] + f"... ({len(text):,} characters in all)"
     with contextlib.suppress(OSError):  # stderr itself may be a full disk: the exit code stays
-        print(f"rosetta: error: {shown(message or 'failed')}", file=sys.stderr)
+        print(f"rosetta: error: {text}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+class _StdoutThatMayClose:
+    """stdout, except that a reader who goes away (`rosetta train ... | head -1`) does not stop
+    the work: the rest of the output goes to the null device, and the files are still written."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        _silence_stdout()
+        self.stream = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def _replace_closed_streams() -> None:

@@ -16,6 +16,7 @@ from common.config import TransformerConfig
 from common.format import META_TASK, check_finite, load_weights, save_weights
 from common.masks import shift_right
 from common.outputs import check_free_space, check_output_file, check_output_folder, make_folder
+from common.plots import PNG_BYTES_BOUND
 from common.progress import ProgressBar
 from common.resources import check_fits, decode_bytes, weights_bytes
 from common.search import EXTRA_LEN
@@ -66,16 +67,17 @@ def run_train_command(args: argparse.Namespace) -> int:
     out = check_output_file(
         args.out, force=args.force, suffix=".safetensors", inputs=(args.weights,)
     )
+    needed = weights_bytes(task.config(), 8 if args.dtype == "float64" else 4)
     if args.plot:
         check_output_file(
             loss_plot_path(out), what="--plot", force=args.force, inputs=(args.weights,)
         )
+        needed += PNG_BYTES_BOUND
     if args.weights:
         config, weights = resume_weights(task, args.weights, args.allow_nonfinite)
     else:
         config, weights = initial_weights(task, args.seed)
-    itemsize = 8 if args.dtype == "float64" else 4
-    check_free_space(out.parent, weights_bytes(config, itemsize), "--out")  # before training
+    check_free_space(out.parent, needed, "--out")  # before training
     model = build(args.framework, config, weights, args.dtype)
     steps = args.steps or task.steps
     print(f"task {task.name}: {task.description}")
@@ -252,7 +254,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     folder = Path(args.out)
     names = demo_file_names(task)
     # Every check before training: the folder, its files, the example and the framework.
-    check_output_folder(args.out, names.values(), what="--out", force=args.force)
+    needed = weights_bytes(task.config(), 4) + 2 * PNG_BYTES_BOUND  # weights and two PNGs
+    check_output_folder(args.out, names.values(), what="--out", force=args.force, needed=needed)
     task.encode_sources([args.example])
     check_beam(task, list(DEMO_INPUTS), args.beam)
     config, weights = initial_weights(task, args.seed)

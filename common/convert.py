@@ -8,6 +8,7 @@ written through the backend registry, so this module imports no framework itself
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,9 @@ def convert(
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
     Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
     other files the caller read (a config), which `dst` may not be either."""
+    for what, name in (("SRC", src), ("DST", dst)):
+        if not os.fspath(name):  # Path("") would be the current folder
+            raise ConvertError(f"{what}: the file name is empty")
     src, dst = Path(src), Path(dst)
     if not src.exists():
         if src.is_symlink():  # a dangling link or a loop: say which

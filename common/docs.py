@@ -315,7 +315,7 @@ def limits_table() -> str:
     """Every bound on what a user's file or option may make the program do, from the constants
     that enforce it, with the reason each constant's comment gives."""
     from common import outputs, resources, safe_read
-    from common.cli import SEED_MAX
+    from common.cli import MAX_REPEATS, SEED_MAX
 
     rows = [
         ("config JSON size", f"{safe_read.MAX_CONFIG_BYTES:,} bytes", "`MAX_CONFIG_BYTES`"),
@@ -332,6 +332,7 @@ def limits_table() -> str:
         ("share of available memory a request may plan on", f"{resources.USABLE_FRACTION:.0%}",
          "`USABLE_FRACTION`"),
         ("seeds", f"0 to {SEED_MAX:,}", "`SEED_MAX`"),
+        ("benchmark rounds (`bench --repeats`)", f"{MAX_REPEATS:,}", "`MAX_REPEATS`"),
         ("signals that clean up before exiting",
          ", ".join(["SIGINT", *(s.name for s in outputs.CAUGHT_SIGNALS)]), "`CAUGHT_SIGNALS`"),
     ]  # fmt: skip

@@ -190,6 +190,7 @@ def check_output_folder(
     what: str,
     force: bool = False,
     inputs: Iterable[str | os.PathLike | None] = (),
+    needed: int = 0,
 ) -> Path:
     """The checks for a command that writes `names` into `folder` (made if absent): the folder,
     or its nearest existing ancestor, must be a folder we can write in, and each file is checked
@@ -205,12 +206,14 @@ def check_output_folder(
         for name in names:
             probe_folder(ancestor, what, name)
             _NEW.add(os.path.abspath(folder / name))
+        check_free_space(ancestor, needed, what)
         return folder
     if not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{what}: {shown(folder)} exists and is not a folder")
     inputs = list(inputs)
     for name in names:
         check_output_file(folder / name, what=what, force=force, inputs=inputs)
+    check_free_space(folder, needed, what)
     return folder
 
 

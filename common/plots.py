@@ -18,6 +18,11 @@ KINDS = {
 }
 
 
+# What one PNG here may take on disk, for checking the free space before the work: they measure
+# 30 to 300 KB at 110 dpi; 1 MiB each leaves room for long inputs and many heads.
+PNG_BYTES_BOUND = 1 << 20
+
+
 def attention_plot_names(layer: int, head: int) -> list[str]:
     """The file names plot_attention writes for (layer, head), so a caller can check them first."""
     return [attention_plot_name(pattern.format(layer), head) for pattern in KINDS]

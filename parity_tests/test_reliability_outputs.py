@@ -646,14 +646,19 @@ def test_train_refuses_a_disk_too_small_before_training(capsys, small_disk, monk
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
-def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing(capsys, tmp_path, small_disk):
-    # 150 KB of the 200 KiB already taken: the PNGs pass the up-front check (their size is not
-    # known before drawing) and the disk fills up while one is written.
-    (small_disk / "filler").write_bytes(b"\0" * 150_000)
-    code, _, err = run(capsys, "parity", "--frameworks", "torch", "--plot", small_disk)
-    assert code == 2 and err.splitlines()[-1].startswith("rosetta: error: cannot write ")
-    assert "No space left on device" in err and "Traceback" not in err
-    assert not [p for p in small_disk.iterdir() if p.name.endswith(".partial")]
+@pytest.mark.parametrize("command", ["parity", "demo"])
+def test_plots_and_demos_refuse_a_disk_too_small_before_running(
+    capsys, small_disk, monkeypatch, command
+):
+    monkeypatch.setattr("common.parity.run_parity", _no_parity)
+    monkeypatch.setattr("common.cli_train.run_training", _no_training)
+    argv = {
+        "parity": ["parity", "--frameworks", "torch", "--plot", small_disk / "plots"],
+        "demo": ["demo", "--out", small_disk / "demo"],
+    }[command]
+    code, _, err = run(capsys, *argv)
+    refused(code, err, "MiB free")
+    assert list(small_disk.iterdir()) == []
 
 
 def test_a_name_the_terminal_cannot_encode_is_escaped(tmp_path):
@@ -728,3 +733,38 @@ def test_an_error_on_a_full_stderr_still_exits_2(tmp_path):
     with open("/dev/full", "w") as full:
         proc = cli("inspect", tmp_path / "nope.safetensors", stdout=subprocess.PIPE, stderr=full)
     assert proc.returncode == 2
+
+
+def test_a_reader_that_goes_away_does_not_stop_the_work(tmp_path):
+    backend_or_skip("torch")
+    out = tmp_path / "m.safetensors"
+    proc = subprocess.run(
+        f"{sys.executable} -m common.cli train --framework torch --task numbers --steps 2 "
+        f"--out {out} | head -c1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert "Traceback" not in proc.stderr
+    assert load_weights(out).metadata["task"] == "numbers"  # trained and written all the same
+
+
+def test_an_error_quoting_a_huge_input_stays_a_readable_line(capsys, tmp_path):
+    task = get_task("numbers")
+    path = tmp_path / "m.safetensors"
+    save_weights(path, init_weights(task.config(), seed=0), task.config(), "t", task="numbers")
+    code, _, err = run(
+        capsys, "translate", "--framework", "torch", "--weights", path, "9" * 100_000
+    )
+    refused(code, err, "characters in all")
+    assert len(err) < 1100
+
+
+@pytest.mark.parametrize("argv", [["VECTOR", ""], ["", "o.pt"]])
+def test_convert_names_an_empty_file_name(capsys, tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(VECTOR) if a == "VECTOR" else a for a in argv]
+    refused(*run(capsys, "convert", *argv)[::2], "the file name is empty")
+    assert list(tmp_path.iterdir()) == []
