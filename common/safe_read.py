@@ -258,6 +258,17 @@ def json_depth_problem(text: str, max_depth: int = MAX_JSON_DEPTH) -> str | None
     return None
 
 
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: with a repeated key, json.loads keeps the last value
+    silently, and two readers of the same file could disagree on what it says."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _JsonRefused(f"the key {brief(repeated)} appears more than once")
+    return obj
+
+
 def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """json.loads, refusing with FileProblem (no path) text that is not UTF-8, nests deeper
     than `max_depth`, holds an integer longer than MAX_INT_DIGITS, NaN or Infinity, or is not
@@ -273,7 +284,12 @@ def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     if depth:
         raise FileProblem(f"not usable JSON ({depth})")
     try:
-        return json.loads(data, parse_int=_json_int, parse_constant=_json_constant)
+        return json.loads(
+            data,
+            parse_int=_json_int,
+            parse_constant=_json_constant,
+            object_pairs_hook=_json_object,
+        )
     except _JsonRefused as exc:
         raise FileProblem(f"not usable JSON ({exc})") from None
     except json.JSONDecodeError as exc:

@@ -768,3 +768,19 @@ def test_convert_names_an_empty_file_name(capsys, tmp_path, monkeypatch, argv):
     argv = [str(VECTOR) if a == "VECTOR" else a for a in argv]
     refused(*run(capsys, "convert", *argv)[::2], "the file name is empty")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_repeated_json_key_is_refused_in_headers_and_configs(capsys, tmp_path):
+    raw = VECTOR.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + n].decode().rstrip()
+    first = header.index('"__metadata__"')
+    # The same metadata twice: json.loads would keep the second without a word.
+    doubled = header[:-1] + "," + header[first:-1] + "}"
+    doubled = doubled.encode().ljust((len(doubled) + 7) // 8 * 8)
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(len(doubled).to_bytes(8, "little") + doubled + raw[8 + n :])
+    refused(*run(capsys, "inspect", path)[::2], "'__metadata__' appears more than once")
+    config = tmp_path / "dup.json"
+    config.write_text('{"d_model": 16, "num_heads": 2, "d_model": 64}')
+    refused(*run(capsys, "inspect", "--config", config)[::2], "'d_model' appears more than once")
