@@ -211,12 +211,14 @@ def test_a_signal_during_a_real_write_leaves_nothing_and_keeps_the_old_file(
 
 def _writing(folder: Path) -> bool:
     """A temp folder holds a non-empty file: the real write has begun (the up-front check makes
-    a temp folder too, with an empty file)."""
-    return any(
-        f.stat().st_size > 0
-        for d in folder.glob(".*.partial")
-        for f in (d.iterdir() if d.is_dir() else ())
-    )
+    a temp folder too, with an empty file, and removes it: a folder may vanish while we look)."""
+    for d in folder.glob(".*.partial"):
+        try:
+            if any(f.stat().st_size > 0 for f in d.iterdir()):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def test_the_written_file_has_ordinary_permissions(capsys, tmp_path):
