@@ -231,6 +231,15 @@ def header_problems(header: dict, data_bytes: int) -> list[str]:
     return problems
 
 
+def weight_file_path(path: str | Path, what: str) -> Path:
+    """`path` once it is a regular file (safe_read.regular_file), else a WeightFileError naming
+    the problem: the one check every weight-file reader makes before opening anything."""
+    try:
+        return regular_file(path, what)
+    except FileProblem as exc:
+        raise WeightFileError(exc.path, [exc.problem]) from None
+
+
 def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:
     """Parse and check a safetensors header: ({name: {dtype, shape, data_offsets}}, metadata or
     None).
@@ -240,10 +249,7 @@ def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | Non
     get messages saying which; the JSON is parsed depth- and size-safely; then every field's
     type is checked (header_problems), naming the tensor at fault.
     """
-    try:
-        path = regular_file(path, "a weight file")
-    except FileProblem as exc:
-        raise WeightFileError(exc.path, [exc.problem]) from None
+    path = weight_file_path(path, "a weight file")
     name = shown(path)
     try:
         size = path.stat().st_size

@@ -405,12 +405,7 @@ def read_ids(path: str | os.PathLike, name: str) -> np.ndarray:
     The file must be regular (a FIFO is refused without opening it); its header is checked
     (integer dtype, rank 2, at most MAX_NPY_BYTES, data present) before the data is read.
     """
-    try:
-        regular_file(path, "a .npy file")
-    except MissingFile:
-        raise InputError(f"{name}: no such file {shown(path)}") from None
-    except FileProblem as exc:
-        raise InputError(f"{name}: {exc}") from None
+    _ids_file(path, name, "a .npy file")
     try:
         with open(path, "rb") as f:
             array, problem = _read_ids(f, os.fstat(f.fileno()).st_size)
@@ -423,18 +418,23 @@ def read_ids(path: str | os.PathLike, name: str) -> np.ndarray:
     return array
 
 
+def _ids_file(path: str | os.PathLike, name: str, what: str) -> None:
+    """regular_file for the option `name`, as an InputError."""
+    try:
+        regular_file(path, what)
+    except MissingFile:
+        raise InputError(f"{name}: no such file {shown(path)}") from None
+    except FileProblem as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
 def read_ids_npz(
     path: str | os.PathLike, name: str, keys: tuple[str, ...] = ("src", "tgt")
 ) -> tuple[np.ndarray, ...]:
     """The arrays `keys` (each integer [batch, length]) of an .npz made by np.savez, for the
     option `name`. Each member's .npy header is checked before it is decompressed, so neither a
     huge claimed shape nor a zip bomb is expanded."""
-    try:
-        regular_file(path, "an .npz file")
-    except MissingFile:
-        raise InputError(f"{name}: no such file {shown(path)}") from None
-    except FileProblem as exc:
-        raise InputError(f"{name}: {exc}") from None
+    _ids_file(path, name, "an .npz file")
 
     def refuse(problem: str) -> InputError:
         return InputError(f"{name}: {shown(path)} is not a readable .npz file ({problem})")

@@ -28,15 +28,13 @@ from flax import nnx, serialization
 from common.config import TransformerConfig
 from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import check_tensors
+from common.format import check_tensors, weight_file_path
 from common.names import canonical_shapes
 from common.outputs import atomic_write
 from common.safe_read import (
     MAX_JSON_DEPTH,
-    FileProblem,
     listing,
     os_problem,
-    regular_file,
     shown,
 )
 from jax_impl.model import Transformer
@@ -178,11 +176,10 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     """Canonical tensors, in canonical order and the stored dtype (bit-exact), from save_native's
     file for `config`; one WeightFileError lists every problem (a file that is not msgpack, is
     cut short, or holds other tensors, names or shapes)."""
-    try:  # a folder, FIFO or device is refused from its stat, unopened (a FIFO would block)
-        path = regular_file(path, "a Flax checkpoint")
+    # a folder, FIFO or device is refused from its stat, unopened (a FIFO would block)
+    path = weight_file_path(path, "a Flax checkpoint")
+    try:
         data = path.read_bytes()
-    except FileProblem as exc:
-        raise WeightFileError(exc.path, [exc.problem]) from None
     except OSError as exc:
         raise WeightFileError(shown(path), [os_problem(exc)]) from None
     try:

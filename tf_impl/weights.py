@@ -22,10 +22,10 @@ import numpy as np
 from common.config import TransformerConfig
 from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import tensor_problems
+from common.format import tensor_problems, weight_file_path
 from common.names import canonical_shapes
 from common.outputs import atomic_write
-from common.safe_read import FileProblem, listing, regular_file, shown
+from common.safe_read import listing, shown
 from tf_impl.model import Transformer
 
 # Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable is
@@ -180,10 +180,8 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     first variable that does not fit and skips layers it cannot find, while this reports every
     missing, unexpected and wrong-shaped tensor at once, and builds no model.
     """
-    try:  # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
-        path = regular_file(path, "a Keras weights file")
-    except FileProblem as exc:
-        raise WeightFileError(exc.path, [exc.problem]) from None
+    # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
+    path = weight_file_path(path, "a Keras weights file")
     layout = native_layout(config)
     try:
         with h5py.File(path, "r") as h5:
@@ -197,7 +195,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
                 )
             if problems:
                 raise WeightFileError(str(path), problems)
-            # HDF5 can keep a dataset's bytes in other files (external storage, virtual
+            # idiom: HDF5 (Keras's format) can keep a dataset's bytes in other files (external storage, virtual
             # datasets): /dev/zero, a FIFO, anyone's file. A checkpoint Keras wrote never does.
             elsewhere = [p for p in layout if h5[p].external or h5[p].is_virtual]
             if elsewhere:

@@ -38,10 +38,10 @@ from torch import Tensor, nn
 
 from common.config import TransformerConfig
 from common.errors import WeightFileError
-from common.format import dtype_problems
+from common.format import dtype_problems, weight_file_path
 from common.names import TensorSpec, canonical_specs, embedding_names
 from common.outputs import atomic_write
-from common.safe_read import FileProblem, listing, os_problem, regular_file, shown
+from common.safe_read import listing, os_problem, shown
 from torch_impl.model import Transformer
 
 
@@ -291,10 +291,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     binary pickle; every other problem becomes one WeightFileError, never a traceback from
     torch's zip or pickle readers, and never advice to load without weights_only.
     """
-    try:
-        path = regular_file(path, "a torch checkpoint")
-    except FileProblem as exc:
-        raise WeightFileError(exc.path, [exc.problem]) from None
+    path = weight_file_path(path, "a torch checkpoint")
     name = shown(path)
     try:
         problem = _sniff(path)
