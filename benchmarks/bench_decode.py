@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_decode [--frameworks torch tf jax] [--preset base]
         [--batch 8] [--new-tokens 64] [--repeats 3] [--json]
 
-For each framework, greedy decoding (common/search.py) of `batch` rows for exactly `new_tokens`
+For each framework, greedy decoding (common/decoding/search.py) of `batch` rows for exactly `new_tokens`
 new tokens each (EOS does not stop it), timed side by side in one run (harness.time_side_by_side:
 warm-up, then cached, uncached, cached, uncached, ..., medians):
 
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import base_benchmark_config, time_side_by_side
-from common.backends import get_backend, unavailable_reason
-from common.config import TransformerConfig, preset
-from common.init import init_weights
-from common.search import EXTRA_LEN, greedy_search
+from common.adapter.backends import get_backend, unavailable_reason
+from common.decoding.search import EXTRA_LEN, greedy_search
+from common.spec.config import TransformerConfig, preset
+from common.weights.init import init_weights
 
 FRAMEWORKS = ("torch", "tf", "jax")
 

@@ -28,9 +28,9 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
-from common.config import TransformerConfig  # noqa: E402
-from common.init import init_weights  # noqa: E402
-from common.inputs import ragged_batch  # noqa: E402
+from common.spec.config import TransformerConfig  # noqa: E402
+from common.spec.inputs import ragged_batch  # noqa: E402
+from common.weights.init import init_weights  # noqa: E402
 from jax_impl.model import causal_mask, key_padding_mask, sinusoidal_positions  # noqa: E402
 from jax_impl.weights import from_canonical, to_canonical  # noqa: E402
 

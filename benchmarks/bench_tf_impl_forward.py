@@ -27,9 +27,9 @@ import tensorflow as tf  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
 from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
-from common.config import TransformerConfig  # noqa: E402
-from common.init import init_weights  # noqa: E402
-from common.inputs import ragged_batch  # noqa: E402
+from common.spec.config import TransformerConfig  # noqa: E402
+from common.spec.inputs import ragged_batch  # noqa: E402
+from common.weights.init import init_weights  # noqa: E402
 from tf_impl.model import decoder_self_mask, padding_mask, sinusoidal_positions  # noqa: E402
 from tf_impl.weights import load_canonical, new_model  # noqa: E402
 

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.suite import MATMUL_N, alternate, module_main, summarise
-from common.config import TransformerConfig
-from common.init import init_weights
-from common.inputs import ragged_batch
+from common.spec.config import TransformerConfig
+from common.spec.inputs import ragged_batch
+from common.weights.init import init_weights
 from torch_impl.model import Transformer, sinusoidal_positions
 from torch_impl.weights import load_canonical
 

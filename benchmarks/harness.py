@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common.config import TransformerConfig
+from common.spec.config import TransformerConfig
 
 
 def time_side_by_side(

@@ -32,8 +32,8 @@ from benchmarks.harness import (
     matmul_flops,
     time_side_by_side,
 )
-from common.backends import unavailable_reason
-from common.config import TransformerConfig
+from common.adapter.backends import unavailable_reason
+from common.spec.config import TransformerConfig
 
 Progress = Callable[[str], None]
 
@@ -143,7 +143,7 @@ def run_bench(
     """Each requested framework's `measure()`, one after another; the unavailable ones skipped.
 
     Returns {"results": {framework: measure()'s dict}, "skipped": {framework: reason},
-    "target": 1.15}. A framework is skipped, with the reason, when common.backends says it cannot
+    "target": 1.15}. A framework is skipped, with the reason, when common.adapter.backends says it cannot
     run here, or when it has no forward benchmark (the NumPy oracle has no peer).
     """
     say = progress or _silent

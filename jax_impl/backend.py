@@ -1,4 +1,4 @@
-"""The Flax NNX implementation behind the adapter (common.backends.Backend), numpy in and out."""
+"""The Flax NNX implementation behind the adapter (common.adapter.backends.Backend), numpy in and out."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.backends import ForwardOutput, LossOutput, check_build_request, check_mode
-from common.config import TransformerConfig
-from common.dtypes import COMPUTE_DTYPES
-from common.format import check_tensors
-from common.inputs import check_inputs
-from common.masks import shift_right
-from common.search import check_row_ids, check_step_budget, check_stepper_request
+from common.adapter.backends import check_build_request, check_mode
+from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
+from common.spec.config import TransformerConfig
+from common.spec.dtypes import COMPUTE_DTYPES
+from common.spec.inputs import check_inputs
+from common.spec.masks import shift_right
+from common.spec.results import ForwardOutput, LossOutput
+from common.weights.format import check_tensors
 from jax_impl import decode, train
 from jax_impl.model import Transformer
 from jax_impl.weights import (
@@ -60,7 +61,7 @@ def _to_numpy(x: jax.Array) -> np.ndarray:
 
 
 class FlaxStepper:
-    """common.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
+    """common.decoding.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
     the module split once into (graphdef, state), and the cache (uncached: the prefix, on the
     host, with the memory)."""
 

@@ -1,6 +1,6 @@
 """Autoregressive decoding of the Flax NNX Transformer with a key/value cache (section 3.2.3).
 
-The search itself (greedy, beam) is common.search's, written once in numpy; this file is the
+The search itself (greedy, beam) is common.decoding.search's, written once in numpy; this file is the
 model's half: one decoding step at a time. The cache is explicit state, in the functional style of
 Flax's own decoders: `init_cache` returns a pytree, `decode_step` takes it and returns
 `(logits, new_cache)`, and nothing in the module changes. Every array has a fixed shape, the

@@ -1,7 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) in Flax NNX.
 
 Shapes: B batch, S source length, T target length, d d_model, h heads, k = d_k = d_model / h,
-V vocabulary. Attribute names are the canonical tensor names of common/names.py, so that the path
+V vocabulary. Attribute names are the canonical tensor names of common/spec/names.py, so that the path
 of every nnx.Param in `nnx.state(model)` joined with "." *is* its canonical name (jax_impl/weights.py
 relies on that). Masks are boolean, True = may attend.
 """
@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common.config import TransformerConfig
-from common.names import embedding_names
+from common.spec.config import TransformerConfig
+from common.spec.names import embedding_names
 
-# -- masks: small pure functions mirroring common/masks.py, [B, 1, Tq, Tk] -------------------
+# -- masks: small pure functions mirroring common/spec/masks.py, [B, 1, Tq, Tk] -------------------
 
 
 def key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
@@ -100,7 +100,7 @@ class MultiHeadAttention(nnx.Module):
             use_bias=config.attention_bias,
             dtype=dtype,
             param_dtype=dtype,
-            kernel_init=nnx.initializers.xavier_uniform(),  # tensor2tensor's, common/init.py
+            kernel_init=nnx.initializers.xavier_uniform(),  # tensor2tensor's, common/weights/init.py
             rngs=rngs,
         )
         self.query = dense(d, (h, k))
@@ -465,7 +465,7 @@ class Transformer(nnx.Module):
             self.output = None
 
     def table(self, role: str) -> jax.Array:
-        """The matrix that common.names.embedding_names says `role` reads ("source", "target" or
+        """The matrix that common.spec.names.embedding_names says `role` reads ("source", "target" or
         "output"), found by its canonical name, e.g. "shared_embedding", "decoder.embedding"."""
         name = embedding_names(self.config)[role]
         return functools.reduce(getattr, name.split("."), self)[...]
@@ -520,7 +520,7 @@ class Transformer(nnx.Module):
         return_probs: bool = False,
         hidden_states: bool = False,
     ) -> dict[str, jax.Array | list[jax.Array] | None]:
-        """Teacher-forced forward. Keys are the fields of common.backends.ForwardOutput;
+        """Teacher-forced forward. Keys are the fields of common.spec.results.ForwardOutput;
         attentions and hidden states are None unless asked for."""
         memory, enc_attn, enc_hidden = self.encode(
             src, return_probs=return_probs, hidden_states=hidden_states

@@ -1,8 +1,8 @@
 """Training the Flax NNX Transformer: the loss, its gradient and Adam with the Noam schedule.
 
 Section 5.3 (optimiser and schedule) and 5.4 (label smoothing) of the paper, with
-common.training as the spec: the same loss as its label_smoothed_loss, optax's Adam (eps on
-sqrt(v_hat), exactly common.training.adam_step) and common.training.noam_learning_rate as an optax
+common.oracle.training as the spec: the same loss as its label_smoothed_loss, optax's Adam (eps on
+sqrt(v_hat), exactly common.oracle.training.adam_step) and common.oracle.training.noam_learning_rate as an optax
 schedule. The step is one nnx.jit function: forward, backward and update compile together.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.training import ADAM_BETAS, ADAM_EPS
+from common.oracle.training import ADAM_BETAS, ADAM_EPS
 from jax_impl.model import Transformer, stats_dtype
 from jax_impl.weights import param_paths
 
@@ -28,7 +28,7 @@ def label_smoothed_cross_entropy(
     target tokens that are not padding.
 
     optax.smooth_labels gives eps / V to every class, the true one included: exactly the
-    definition of common.training.label_smoothed_loss. Returns (loss, {"accuracy", "tokens"});
+    definition of common.oracle.training.label_smoothed_loss. Returns (loss, {"accuracy", "tokens"});
     a batch with no target token has loss 0, as the oracle's.
     """
     logits = logits.astype(stats_dtype(logits.dtype))  # log-softmax never in bfloat16
@@ -79,7 +79,7 @@ def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> optax.Sched
     min(step^-0.5, step * warmup^-1.5).
 
     optax counts updates from 0 and the paper counts steps from 1, so update `count` is step
-    count + 1. Written in jnp (common.training.noam_learning_rate's Python min cannot take a
+    count + 1. Written in jnp (common.oracle.training.noam_learning_rate's Python min cannot take a
     traced step); the float is the default one, so float64 under x64.
     """
 
@@ -95,7 +95,7 @@ def noam_adam(d_model: int, warmup: int, factor: float = 1.0) -> optax.GradientT
     """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9) at the Noam rate.
 
     optax puts eps on sqrt(v_hat), after the bias correction, as torch does and as
-    common.training.adam_step specifies. Cached, because the transformation is static in the
+    common.oracle.training.adam_step specifies. Cached, because the transformation is static in the
     optimizer's graphdef: one object per (d_model, warmup, factor) lets nnx.jit reuse the step
     it compiled for an earlier model of the same kind.
     """

@@ -3,7 +3,7 @@
 The rule, and the only mapping there is: model.py names its attributes after the canonical names,
 so the path of every nnx.Param in `nnx.state(model, nnx.Param)` joined with "." *is* its canonical
 name (("encoder", "layers", 0, "self_attention", "query", "kernel") is
-"encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: common.names derives
+"encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: common.spec.names derives
 them, and each load asserts that the model's paths and the canonical names are the same set.
 
 Layouts are canonical already: nnx.LinearGeneral keeps attention kernels as [d, h, k] and
@@ -25,18 +25,18 @@ import jax
 import numpy as np
 from flax import nnx, serialization
 
-from common.config import TransformerConfig
-from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import check_tensors, weight_file_path
-from common.names import canonical_shapes
-from common.outputs import atomic_write
-from common.safe_read import (
+from common.files.outputs import atomic_write
+from common.files.safe_read import (
     MAX_JSON_DEPTH,
     listing,
     os_problem,
     shown,
 )
+from common.spec.config import TransformerConfig
+from common.spec.dtypes import dtype_name, numpy_dtype
+from common.spec.names import canonical_shapes
+from common.weights.format import check_tensors, weight_file_path
 from jax_impl.model import Transformer
 
 # Canonical tensors that the Flax layout stores transposed or packed: none (see the docstring).
@@ -66,7 +66,7 @@ def attribute_path(path: StatePath) -> str:
 
 
 def param_paths(model: Transformer) -> dict[str, StatePath]:
-    """{canonical name: nnx.state path} for every nnx.Param, checked against common.names."""
+    """{canonical name: nnx.state path} for every nnx.Param, checked against common.spec.names."""
     paths = {canonical_name(p): p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     expected = canonical_shapes(model.config)
     if set(paths) != set(expected):

@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports Te
 
 import pytest  # noqa: E402
 
-from common.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
+from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
 
 IMPLEMENTATIONS = [name for name in FRAMEWORKS if name != "numpy"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import reference
 from common.errors import InputError
-from common.init import init_weights
-from common.names import canonical_shapes
+from common.oracle import reference
+from common.spec.names import canonical_shapes
+from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, variant
 
 ROUND_TRIP_CONFIGS = {k: PAIRWISE_GRID[k] for k in list(PAIRWISE_GRID)[:4]}

@@ -1,6 +1,6 @@
 """Every implementation against the float64 oracle, over the config variant grid.
 
-float64 within 1e-10 and float32 within 1e-5 (common/tolerances.py, docs/PARITY.md) on attention
+float64 within 1e-10 and float32 within 1e-5 (common/spec/tolerances.py, docs/PARITY.md) on attention
 probabilities, encoder output and logits; both attention paths; every mode the backend has
 (eager on the full grid, compiled on the pairwise subset). The oracle runs on the weights rounded
 to the model's dtype, so the comparison measures computation, not the rounding of the weights.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import reference
-from common.init import init_weights
-from common.masks import cross_mask, decoder_self_mask, encoder_self_mask
-from common.tolerances import atol_for
+from common.oracle import reference
+from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
 
 
@@ -78,7 +78,7 @@ def test_compiled_forward_matches_oracle(backend, config_id, dtype):
 def test_base_config_float64_matches_oracle(backend):
     """The paper's base sizes (d_model 512, 8 heads, 6+6 layers, d_ff 2048), vocabulary cut to
     1000 to keep memory small: float64 stays within the float64 bound at full depth."""
-    from common.config import preset
+    from common.spec.config import preset
 
     config = preset("base").replace(src_vocab_size=1000, tgt_vocab_size=1000, dropout=0.0)
     weights = init_weights(config, seed=0, scheme="perturbed", dtype="float64")
@@ -93,7 +93,7 @@ def test_base_config_float64_matches_oracle(backend):
 def test_head_dim_one_with_as_many_heads_as_positions(backend):
     """Regression (found by test_properties.py): d_k = 1 and T = h. Keras 3.15's TF `ops.add`
     added the (h, 1) per-head bias along T (tf_impl/model.py, HeadProjection)."""
-    from common.config import preset
+    from common.spec.config import preset
 
     config = preset("tiny").replace(d_model=2, num_heads=2, d_ff=4, bos_id=0, eos_id=1)
     weights = init_weights(config, seed=0, scheme="perturbed")

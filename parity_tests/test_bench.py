@@ -13,8 +13,8 @@ import math
 import pytest
 
 from benchmarks import suite
-from common.backends import unavailable_reason
-from common.config import preset
+from common.adapter.backends import unavailable_reason
+from common.spec.config import preset
 
 IMPLEMENTATIONS = suite.BENCH_FRAMEWORKS
 INSTALLED = [name for name in IMPLEMENTATIONS if unavailable_reason(name) is None]

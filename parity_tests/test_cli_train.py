@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.cli import main
-from common.format import load_weights
-from common.tasks import get_task
+from common.app.cli import main
+from common.app.tasks import get_task
+from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from common.config import PRESETS, TransformerConfig, preset
 from common.errors import ConfigError
+from common.spec.config import PRESETS, TransformerConfig, preset
 
 
 def problems_of(**fields) -> list[str]:

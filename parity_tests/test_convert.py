@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.backends import unavailable_reason
-from common.cli import main
-from common.config import preset
-from common.format import load_weights, save_weights
-from common.init import init_weights
+from common.adapter.backends import unavailable_reason
+from common.app.cli import main
+from common.spec.config import preset
+from common.weights.format import load_weights, save_weights
+from common.weights.init import init_weights
 
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"
 NATIVE = {

@@ -1,4 +1,4 @@
-"""Decoding parity across frameworks: greedy and beam search (common/search.py, written once)
+"""Decoding parity across frameworks: greedy and beam search (common/decoding/search.py, written once)
 driven by each framework's own key/value cache give the oracle's tokens, and cached equals
 uncached.
 
@@ -6,8 +6,8 @@ Two models, and why each makes token identity a meaningful check:
 - float64, an untrained tiny model (perturbed init): the frameworks' logits agree to ~1e-14, so
   any decision whose margin exceeds 1e-10 is decided alike; the test asserts the oracle's smallest
   greedy top-1 margin is above that, and then asks for identical tokens and scores within 1e-9.
-- float32, a model trained on the "numbers" task (common/tasks.py; trained here in torch, 400
-  steps): logits agree to ~1e-5 (common/tolerances.py), and the trained model's greedy decisions
+- float32, a model trained on the "numbers" task (common/app/tasks.py; trained here in torch, 400
+  steps): logits agree to ~1e-5 (common/spec/tolerances.py), and the trained model's greedy decisions
   have a top-1 margin above 1e-2 (asserted), three orders of magnitude clear of it.
 
 Score bounds: a score is a sum of L log-softmax values; each moves by at most 2 * atol when every
@@ -21,13 +21,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.backends import get_backend
-from common.config import preset
-from common.init import init_weights
-from common.search import beam_search, greedy_search, log_softmax
-from common.tasks import get_task
-from common.tolerances import atol_for
-from common.trainer import train
+from common.adapter.backends import get_backend
+from common.app.tasks import get_task
+from common.app.trainer import train
+from common.decoding.search import beam_search, greedy_search, log_softmax
+from common.spec.config import preset
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 
 TASK = get_task("numbers")

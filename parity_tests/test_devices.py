@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import reference
-from common.dtypes import numpy_dtype
-from common.format import load_weights
-from common.init import init_weights
-from common.tolerances import atol_for
+from common.oracle import reference
+from common.spec.dtypes import numpy_dtype
+from common.spec.tolerances import atol_for
+from common.weights.format import load_weights
+from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.grid import FULL_GRID, input_cases
 from parity_tests.vectors.make_vectors import VECTOR_CONFIGS

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from common import docs
-from common.backends import unavailable_reason
-from common.config import TransformerConfig
-from common.names import canonical_specs
+from common.adapter.backends import unavailable_reason
+from common.app import docs
+from common.spec.config import TransformerConfig
+from common.spec.names import canonical_specs
 
 
 def test_generated_tables_are_current():

@@ -3,7 +3,7 @@ the paper's base sizes (slow), and the tolerance table itself.
 
 float64 (1e-10) and float32 (1e-5) on the tiny configs are test_backend_vs_oracle.py (each
 framework against the oracle) and test_pairs.py (every pair). The bounds used here and the
-measurements behind them are in common/tolerances.py. As everywhere, the oracle runs in float64 on
+measurements behind them are in common/spec/tolerances.py. As everywhere, the oracle runs in float64 on
 the weights rounded to the model's dtype, so a bound measures computation, not weight rounding.
 """
 
@@ -15,13 +15,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from common import reference
-from common.config import TransformerConfig, preset
-from common.dtypes import COMPUTE_DTYPES, numpy_dtype
-from common.init import init_weights
-from common.inputs import ragged_batch
-from common.masks import cross_mask, decoder_self_mask, encoder_self_mask
-from common.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
+from common.oracle import reference
+from common.spec.config import TransformerConfig, preset
+from common.spec.dtypes import COMPUTE_DTYPES, numpy_dtype
+from common.spec.inputs import ragged_batch
+from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
+from common.weights.init import init_weights
 from parity_tests.grid import PAIRWISE_GRID, PAIRWISE_KEYS, input_cases
 
 # Three rows of the pairwise grid with every activation, position kind and embedding sharing.

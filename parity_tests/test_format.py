@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from common import format as fmt
-from common.config import preset
 from common.errors import WeightFileError
-from common.init import init_weights
-from common.names import canonical_shapes
+from common.spec.config import preset
+from common.spec.names import canonical_shapes
+from common.weights import format as fmt
+from common.weights.init import init_weights
 
 CONFIG = preset("tiny").replace(share_embeddings=False, tgt_vocab_size=40, output_bias=True)
 

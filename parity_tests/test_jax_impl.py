@@ -12,15 +12,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from common import search  # noqa: E402
-from common.config import preset  # noqa: E402
+from common.adapter.reference_backend import NumpyBackend  # noqa: E402
+from common.decoding import search  # noqa: E402
 from common.errors import InputError, WeightFileError  # noqa: E402
-from common.init import init_weights  # noqa: E402
-from common.inputs import ragged_batch  # noqa: E402
-from common.masks import key_padding_mask  # noqa: E402
-from common.names import canonical_shapes  # noqa: E402
-from common.reference_backend import NumpyBackend  # noqa: E402
-from common.tolerances import atol_for  # noqa: E402
+from common.spec.config import preset  # noqa: E402
+from common.spec.inputs import ragged_batch  # noqa: E402
+from common.spec.masks import key_padding_mask  # noqa: E402
+from common.spec.names import canonical_shapes  # noqa: E402
+from common.spec.tolerances import atol_for  # noqa: E402
+from common.weights.init import init_weights  # noqa: E402
 from jax_impl import decode, weights  # noqa: E402
 from jax_impl.backend import FlaxBackend  # noqa: E402
 from jax_impl.model import MultiHeadAttention  # noqa: E402
@@ -271,7 +271,7 @@ class Recording:
 
 
 def test_greedy_and_beam_search_decode_the_oracles_tokens():
-    """common.search over the float32 cached stepper gives the oracle's tokens, on a case whose
+    """common.decoding.search over the float32 cached stepper gives the oracle's tokens, on a case whose
     greedy top-1 margin is far above float32's error (so equal tokens are a fair requirement)."""
     c, canonical, _, model = decode_case("pre-learned-untied", "float32")
     src, _ = ragged_batch(c, batch=2, src_len=5, tgt_len=2, seed=6)

@@ -1,4 +1,4 @@
-"""Each framework's own checkpoint behind the adapter (common.backends.NativeCheckpoints): torch's
+"""Each framework's own checkpoint behind the adapter (common.adapter.backends.NativeCheckpoints): torch's
 state_dict .pt, Keras's .weights.h5 and Flax's msgpack.
 
 - Round trips through every ordered pair of native formats are bit-exact, in float32, bfloat16,
@@ -20,9 +20,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from common.backends import FRAMEWORKS, NativeCheckpoints, unavailable_reason
+from common.adapter.backends import FRAMEWORKS, NativeCheckpoints, unavailable_reason
 from common.errors import WeightFileError
-from common.init import init_weights
+from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import variant
 

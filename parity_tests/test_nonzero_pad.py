@@ -14,12 +14,12 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.config import TransformerConfig
-from common.init import init_weights
-from common.reference_backend import PrefixStepper
-from common.search import beam_search, greedy_search, log_softmax, row_limits
-from common.tasks import get_task
-from common.tolerances import atol_for
+from common.adapter.reference_backend import PrefixStepper
+from common.app.tasks import get_task
+from common.decoding.search import beam_search, greedy_search, log_softmax, row_limits
+from common.spec.config import TransformerConfig
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, OTHER_IDS, PAIRWISE_GRID, input_cases
 
 PAD, BOS, EOS = OTHER_IDS["pad_id"], OTHER_IDS["bos_id"], OTHER_IDS["eos_id"]

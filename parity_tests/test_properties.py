@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from common import reference
-from common.config import ACTIVATIONS, NORM_POSITIONS, SINUSOID_LAYOUTS, TransformerConfig
-from common.init import init_weights
-from common.masks import cross_mask, decoder_self_mask, encoder_self_mask
-from common.tolerances import atol_for
+from common.oracle import reference
+from common.spec.config import ACTIVATIONS, NORM_POSITIONS, SINUSOID_LAYOUTS, TransformerConfig
+from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 
 # Examples per framework, sized by what a new shape costs it on a 2-core CPU (torch ~0.3 s,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import reference
-from common.config import TransformerConfig, preset
-from common.init import init_weights
-from common.inputs import ragged_batch
-from common.masks import causal_mask, decoder_self_mask, encoder_self_mask, shift_right
+from common.oracle import reference
+from common.spec.config import TransformerConfig, preset
+from common.spec.inputs import ragged_batch
+from common.spec.masks import causal_mask, decoder_self_mask, encoder_self_mask, shift_right
+from common.weights.init import init_weights
 
 CONFIG = preset("tiny").replace(num_heads=4, d_model=16, d_ff=24)
 

@@ -1,6 +1,6 @@
 """Reading what a user hands us: every bad file is one line on stderr and exit 2, never a traceback.
 
-Four classes of input, each probed through `rosetta` itself (common.cli.main) and fuzzed below
+Four classes of input, each probed through `rosetta` itself (common.app.cli.main) and fuzzed below
 the CLI with hypothesis: weight files (safetensors headers of the wrong types, shapes or offsets,
 nesting, links, FIFOs and devices), config JSON (ours and a Marian config.json), token ids
 (.npy/.npz judged from their headers) and torch checkpoints (what the bytes are instead). A FIFO
@@ -26,13 +26,13 @@ import safetensors.numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import safe_read
-from common.cli import load_ids, load_inputs, main
-from common.config import TransformerConfig, preset
+from common.app.cli import load_ids, load_inputs, main
 from common.errors import RosettaError
-from common.format import load_weights, read_header, save_weights
-from common.init import init_weights
-from common.ports import marian
+from common.files import safe_read
+from common.porting import marian
+from common.spec.config import TransformerConfig, preset
+from common.weights.format import load_weights, read_header, save_weights
+from common.weights.init import init_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = preset("tiny")
@@ -67,7 +67,7 @@ def cli_subprocess(*argv: str | Path) -> tuple[int, str]:
     """The CLI in its own process, killed after 60 s: for paths a blocking reader would hang on."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "common.cli", *map(str, argv)],
+            [sys.executable, "-m", "common.app.cli", *map(str, argv)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from common import format as fmt
-from common.backends import unavailable_reason
-from common.cli import main
+from common.adapter.backends import unavailable_reason
+from common.app.cli import main
 from common.errors import WeightFileError
-from common.init import init_weights
-from common.names import canonical_shapes
+from common.spec.names import canonical_shapes
+from common.weights import format as fmt
+from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import variant
 

@@ -1,4 +1,4 @@
-"""The search written once (common/search.py), on the float64 oracle: greedy against a plain
+"""The search written once (common/decoding/search.py), on the float64 oracle: greedy against a plain
 argmax loop over full forward passes, beam search against exhaustive enumeration, and scores
 recomputed by teacher forcing. Float64 throughout: the only rounding is the oracle's own, so
 scores agree to 1e-12 (sums of ~10 log-probabilities of size ~1 each, each good to ~1e-15)."""
@@ -10,12 +10,18 @@ import itertools
 import numpy as np
 import pytest
 
-from common import reference
-from common.config import preset
+from common.adapter.reference_backend import NumpyBackend
+from common.decoding.search import (
+    beam_search,
+    greedy_search,
+    length_penalty,
+    log_softmax,
+    row_limits,
+)
 from common.errors import InputError
-from common.init import init_weights
-from common.reference_backend import NumpyBackend
-from common.search import beam_search, greedy_search, length_penalty, log_softmax, row_limits
+from common.oracle import reference
+from common.spec.config import preset
+from common.weights.init import init_weights
 
 SCORE_ATOL = 1e-12
 

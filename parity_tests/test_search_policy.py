@@ -1,4 +1,4 @@
-"""The search policy of common/search.py, driven by a scripted model: for each source row, a table
+"""The search policy of common/decoding/search.py, driven by a scripted model: for each source row, a table
 of next-token probabilities per prefix, written by hand, so that every branch of greedy and beam
 search is reached on purpose and every expected answer is reasoned out here, not computed by the
 code under test.
@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from common.config import TransformerConfig
-from common.search import Stepper, beam_search, greedy_search
+from common.decoding.search import Stepper, beam_search, greedy_search
+from common.spec.config import TransformerConfig
 
 SCORE_ATOL = 1e-12
 PAD, BOS, EOS = 3, 5, 2

@@ -1,4 +1,4 @@
-"""The generated task (common/tasks.py): its reference translations, tokenizers, widths and the
+"""The generated task (common/app/tasks.py): its reference translations, tokenizers, widths and the
 split between training batches and the held-out test set."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.app.tasks import get_task, number_to_words
 from common.errors import InputError
-from common.tasks import get_task, number_to_words
 
 NUMBERS = get_task("numbers")
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import reference
-from common.backends import unavailable_reason
-from common.config import TransformerConfig, preset
+from common.adapter.backends import unavailable_reason
+from common.adapter.reference_backend import NumpyBackend, PrefixStepper
+from common.decoding.search import beam_search, greedy_search
 from common.errors import InputError
-from common.init import init_weights
-from common.inputs import ragged_batch
-from common.names import canonical_shapes
-from common.reference_backend import NumpyBackend, PrefixStepper
-from common.search import beam_search, greedy_search
-from common.tolerances import atol_for
+from common.oracle import reference
+from common.spec.config import TransformerConfig, preset
+from common.spec.inputs import ragged_batch
+from common.spec.names import canonical_shapes
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
 
 if unavailable_reason("tf") is not None:
@@ -147,8 +147,8 @@ OTHER_BACKEND_SCRIPT = """
 import json
 import keras
 import numpy as np
-from common import reference
-from common.init import init_weights
+from common.oracle import reference
+from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, input_cases
 from tf_impl.weights import load_canonical, new_model
 
@@ -298,7 +298,7 @@ def test_stepper_refuses_bad_input():
 
 
 def test_greedy_and_beam_search_decode_the_oracles_tokens():
-    """common.search over the cached float32 steps gives the oracle's tokens, on a case whose
+    """common.decoding.search over the cached float32 steps gives the oracle's tokens, on a case whose
     greedy top-1 margin is checked to be far above float32's error."""
     c = DECODE_CONFIGS["tiny"]
     weights = init_weights(c, 1, scheme="perturbed", dtype="float64")

@@ -7,14 +7,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from common import reference  # noqa: E402
-from common.config import preset  # noqa: E402
+from common.adapter.reference_backend import PrefixStepper  # noqa: E402
+from common.decoding.search import beam_search, greedy_search, log_softmax  # noqa: E402
 from common.errors import InputError  # noqa: E402
-from common.init import init_weights  # noqa: E402
-from common.inputs import ragged_batch  # noqa: E402
-from common.reference_backend import PrefixStepper  # noqa: E402
-from common.search import beam_search, greedy_search, log_softmax  # noqa: E402
-from common.tolerances import atol_for  # noqa: E402
+from common.oracle import reference  # noqa: E402
+from common.spec.config import preset  # noqa: E402
+from common.spec.inputs import ragged_batch  # noqa: E402
+from common.spec.tolerances import atol_for  # noqa: E402
+from common.weights.init import init_weights  # noqa: E402
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID  # noqa: E402
 from torch_impl.backend import TorchBackend, to_numpy, to_torch  # noqa: E402
 from torch_impl.model import Transformer  # noqa: E402
@@ -212,7 +212,7 @@ def test_cached_decoding_matches_the_oracle_step_by_step(config_id, dtype):
 
 
 def test_cached_bfloat16_decoding_tracks_the_oracle():
-    """bfloat16 at its tracking bound (common/tolerances.py), against the oracle on the
+    """bfloat16 at its tracking bound (common/spec/tolerances.py), against the oracle on the
     bfloat16-rounded weights; logits come back as float32."""
     model, oracle_weights, src, tokens = decode_case(TINY, "bfloat16")
     cached = model.stepper(src, 2, tokens.shape[1])
@@ -261,7 +261,7 @@ class RecordingStepper:
 
 
 def test_searches_give_the_oracles_tokens():
-    """Greedy and beam search (common.search) over the torch cache, float32, against the same
+    """Greedy and beam search (common.decoding.search) over the torch cache, float32, against the same
     searches over the oracle. Greedy's every decision is checked to be clear: the top two
     log-probabilities differ by far more than the float32 parity bound."""
     config = DECODE_CONFIGS["pre-final_norm"]

@@ -14,11 +14,11 @@ import itertools
 import numpy as np
 import pytest
 
-from common.backends import FRAMEWORKS
-from common.init import init_weights
-from common.inputs import ragged_batch
-from common.names import canonical_shapes
-from common.training import adam_step, label_smoothed_loss, noam_learning_rate, oracle_loss
+from common.adapter.backends import FRAMEWORKS
+from common.oracle.training import adam_step, label_smoothed_loss, noam_learning_rate, oracle_loss
+from common.spec.inputs import ragged_batch
+from common.spec.names import canonical_shapes
+from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import PAIRWISE_GRID
 
@@ -124,7 +124,7 @@ def test_gradients_agree_pairwise_in_float64(a, b, config_id):
 
 @pytest.mark.parametrize("name", IMPLS)
 def test_one_step_is_adam_with_torchs_epsilon_placement(name):
-    """One train step equals common.training.adam_step on the model's own gradients: this is
+    """One train step equals common.oracle.training.adam_step on the model's own gradients: this is
     what pins Keras' epsilon (placed on sqrt(v) before bias correction) to torch's and optax's."""
     config = CONFIGS[next(iter(CONFIGS))]
     m, weights = model(name, config, "float64")
@@ -160,7 +160,7 @@ def test_twenty_adam_steps_agree_pairwise(a, b):
             continue
         assert np.max(np.abs(wa[k] - wb[k])) <= 1e-9, k
     src, tgt = batches[0]
-    from common.masks import shift_right
+    from common.spec.masks import shift_right
 
     tgt_in = shift_right(tgt, config.bos_id)
     logits = [

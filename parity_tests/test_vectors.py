@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import reference
-from common.format import load_weights
-from common.tolerances import atol_for
+from common.oracle import reference
+from common.spec.tolerances import atol_for
+from common.weights.format import load_weights
 from parity_tests.vectors.make_vectors import VECTOR_CONFIGS, vector_inputs, write_vectors
 
 HERE = Path(__file__).parent / "vectors"

@@ -1,4 +1,4 @@
-"""The Keras 3 / TensorFlow implementation behind the adapter (common/backends.py), backend "tf"."""
+"""The Keras 3 / TensorFlow implementation behind the adapter (common/adapter/backends.py), backend "tf"."""
 
 from __future__ import annotations
 
@@ -14,18 +14,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.backends import (  # noqa: E402
-    ForwardOutput,
-    LossOutput,
-    check_build_request,
-    check_mode,
-)
-from common.config import TransformerConfig  # noqa: E402
-from common.dtypes import COMPUTE_DTYPES  # noqa: E402
-from common.format import check_tensors  # noqa: E402
-from common.inputs import check_inputs  # noqa: E402
-from common.masks import shift_right  # noqa: E402
-from common.search import check_row_ids, check_step_budget, check_stepper_request  # noqa: E402
+from common.adapter.backends import check_build_request, check_mode  # noqa: E402
+from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request  # noqa: E402
+from common.spec.config import TransformerConfig  # noqa: E402
+from common.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
+from common.spec.inputs import check_inputs  # noqa: E402
+from common.spec.masks import shift_right  # noqa: E402
+from common.spec.results import ForwardOutput, LossOutput  # noqa: E402
+from common.weights.format import check_tensors  # noqa: E402
 from tf_impl.decode import (  # noqa: E402
     init_cache,
     prefix_function,
@@ -70,7 +66,7 @@ def _to_numpy(x: tf.Tensor) -> np.ndarray:
 
 
 class KerasStepper:
-    """common.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
+    """common.decoding.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
     the prefix) held between steps. Made by KerasModel.stepper."""
 
     def __init__(
@@ -202,7 +198,7 @@ class KerasModel:
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> KerasStepper:
         """Encode src (B, S) once; a Stepper over B * beams rows for at most max_steps steps
-        (common.backends.DecodingModel). cached=False recomputes the decoder prefix each step."""
+        (common.adapter.backends.DecodingModel). cached=False recomputes the decoder prefix each step."""
         src = check_stepper_request(self.config, src, beams, max_steps)
         return KerasStepper(self, src, beams, max_steps, cached)
 
@@ -232,7 +228,7 @@ class KerasModel:
     def train_steps(
         self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
     ) -> list[float]:
-        """One Adam step (eps on sqrt(v_hat), as common.training.adam_step) per (src, tgt) batch
+        """One Adam step (eps on sqrt(v_hat), as common.oracle.training.adam_step) per (src, tgt) batch
         at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
         taken before its update."""
         key = (warmup, factor)

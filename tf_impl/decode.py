@@ -1,7 +1,7 @@
 """Autoregressive decoding in Keras 3 with a key/value cache (section 3.2.3: the decoder is
 auto-regressive, each position attending only to those before it).
 
-The search itself (greedy, beam) is common/search.py's, written once; this file is the model's
+The search itself (greedy, beam) is common/decoding/search.py's, written once; this file is the model's
 half of it, one position at a time. The encoder runs once per batch; each decoder layer keeps the
 keys and values of every position decoded so far in a buffer of `max_steps` positions, and the
 keys and values of the encoder output, so that a step projects only the new position. The layers

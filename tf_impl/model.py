@@ -6,7 +6,7 @@ arguments in `__init__`, creates its weights in `build()` and computes in
 `call(..., training=None)`. Masks are explicit boolean arguments (True = may attend); Keras's
 implicit mask propagation is never used.
 
-Layer names are chosen so that a variable's `.path` is its canonical name (common/names.py) with
+Layer names are chosen so that a variable's `.path` is its canonical name (common/spec/names.py) with
 "/" for "." under the model's own name; tf_impl/weights.py relies on that rule.
 
 Shapes: B batch, S source length, T target length, d d_model, h heads, k = d_k = d_model / h,
@@ -22,9 +22,9 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from common.config import TransformerConfig
+from common.spec.config import TransformerConfig
 
-# -- masks: small pure functions mirroring common/masks.py (boolean, True = may attend) ---------
+# -- masks: small pure functions mirroring common/spec/masks.py (boolean, True = may attend) ---------
 
 
 def padding_mask(ids: Any, pad_id: int) -> Any:

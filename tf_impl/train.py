@@ -1,7 +1,7 @@
 """Training in Keras 3 on TensorFlow: the label-smoothed loss, its gradient under canonical names,
 and Adam with the Noam schedule (sections 5.3 and 5.4 of "Attention Is All You Need").
 
-The spec is common/training.py. Gradients come from `tf.GradientTape` (TensorFlow is the Keras
+The spec is common/oracle/training.py. Gradients come from `tf.GradientTape` (TensorFlow is the Keras
 backend we ship); the step is a `tf.function` (XLA when `jit_compile` is set), and the optimizer
 is Keras's own Adam with one method overridden, because Keras places epsilon differently from the
 paper's reference implementations (see `Adam`).
@@ -16,8 +16,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from common.config import TransformerConfig
-from common.training import ADAM_BETAS, ADAM_EPS
+from common.oracle.training import ADAM_BETAS, ADAM_EPS
+from common.spec.config import TransformerConfig
 from tf_impl.model import Transformer
 from tf_impl.weights import variables_by_name
 
@@ -29,7 +29,7 @@ def smoothed_cross_entropy(
     target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors.
 
     Keras's `categorical_crossentropy(label_smoothing=)` is exactly this q (eps / V to every
-    class, the true one included; common.training.label_smoothed_loss), so it is used as is.
+    class, the true one included; common.oracle.training.label_smoothed_loss), so it is used as is.
     """
     if logits.dtype in ("float16", "bfloat16"):
         # Softmax statistics in float32 or wider (design.md, "Precision").
@@ -75,7 +75,7 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 class Adam(keras.optimizers.Adam):
     """Kingma & Ba, Algorithm 1, with epsilon added to sqrt(v_hat): torch's and optax's placement,
-    which common.training.adam_step specifies.
+    which common.oracle.training.adam_step specifies.
 
     Keras 3's Adam (keras/src/optimizers/adam.py, `update_step`) folds both bias corrections into
     the rate, alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), and steps w -= alpha * m / (sqrt(v) + eps):

@@ -1,7 +1,7 @@
 """Canonical weights <-> the Keras model's variables, and the native `.weights.h5` checkpoint.
 
 No second list of names: tf_impl/model.py names its layers so that a variable's `.path`, under
-the model's own name and with "/" read as ".", is the canonical name (common/names.py). Three
+the model's own name and with "/" read as ".", is the canonical name (common/spec/names.py). Three
 Keras leaf names differ from ours and are renamed by rule (LEAF_RENAMES). Keras's layout is the
 canonical one (EinsumDense kernels [d, h, k] and [h, k, d], Dense kernels [in, out]), so no
 tensor is transposed or packed: TRANSPOSES is empty, and every shape is still asserted.
@@ -19,13 +19,13 @@ import keras
 import ml_dtypes
 import numpy as np
 
-from common.config import TransformerConfig
-from common.dtypes import dtype_name, numpy_dtype
 from common.errors import WeightFileError
-from common.format import tensor_problems, weight_file_path
-from common.names import canonical_shapes
-from common.outputs import atomic_write
-from common.safe_read import listing, shown
+from common.files.outputs import atomic_write
+from common.files.safe_read import listing, shown
+from common.spec.config import TransformerConfig
+from common.spec.dtypes import dtype_name, numpy_dtype
+from common.spec.names import canonical_shapes
+from common.weights.format import tensor_problems, weight_file_path
 from tf_impl.model import Transformer
 
 # Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable is

@@ -1,4 +1,4 @@
-"""The PyTorch model behind the adapter (common/backends.py), numpy in and numpy out."""
+"""The PyTorch model behind the adapter (common/adapter/backends.py), numpy in and numpy out."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from common.backends import ForwardOutput, LossOutput, check_build_request, check_mode
-from common.config import TransformerConfig
+from common.adapter.backends import check_build_request, check_mode
+from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
 from common.errors import WeightFileError
-from common.format import check_tensors
-from common.inputs import check_inputs
-from common.search import check_row_ids, check_step_budget, check_stepper_request
+from common.spec.config import TransformerConfig
+from common.spec.inputs import check_inputs
+from common.spec.results import ForwardOutput, LossOutput
+from common.weights.format import check_tensors
 from torch_impl import decode, train
 from torch_impl.model import Transformer
 from torch_impl.weights import (
@@ -47,7 +48,7 @@ def to_numpy(t: torch.Tensor, *, exact: bool = False) -> np.ndarray:
 
 
 class TorchStepper:
-    """common.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
+    """common.decoding.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
     decoder re-run over the whole prefix (cached=False). Rows are src rows repeated `beams` times."""
 
     def __init__(
@@ -235,7 +236,7 @@ class TorchBackend:
 
     def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]:
         """Every tensor of any .pt/.bin state_dict, as numpy (bfloat16 as ml_dtypes.bfloat16),
-        for the importers of other models' checkpoints (common/ports). weights_only loading:
+        for the importers of other models' checkpoints (common/porting). weights_only loading:
         a pickle that holds anything but tensors is refused without running."""
         state = read_state_dict(path)
         out, problems = {}, []

@@ -2,7 +2,7 @@
 
 Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h, V vocab.
 Masks are boolean, True = may attend (the convention of F.scaled_dot_product_attention), built by
-the small pure functions below, which mirror common/masks.py, and shaped to broadcast against the
+the small pure functions below, which mirror common/spec/masks.py, and shaped to broadcast against the
 scores (B, h, T_q, T_k). The state_dict keys mirror the canonical names (torch_impl/weights.py).
 """
 
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.config import TransformerConfig
+from common.spec.config import TransformerConfig
 
 if TYPE_CHECKING:  # decode.py imports this module; the layer only reads the cache it is given
     from torch_impl.decode import LayerCache
 
-# -- masks (mirrors of common/masks.py) -------------------------------------------------------
+# -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
 
 
 def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -384,7 +384,7 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """tensor2tensor's initialisation (common/init.py, scheme "paper"), in distribution:
+        """tensor2tensor's initialisation (common/weights/init.py, scheme "paper"), in distribution:
         xavier-uniform kernels, zero biases, embeddings N(0, d_model^-0.5) so that after the
         sqrt(d_model) scale they have unit variance. LayerNorm keeps torch's ones and zeros."""
         if isinstance(module, nn.Linear):

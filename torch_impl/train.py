@@ -1,5 +1,5 @@
 """Training the PyTorch Transformer: the loss of section 5.4, its gradient and the optimiser of
-section 5.3 (common/training.py is the spec and the oracle each piece is tested against).
+section 5.3 (common/oracle/training.py is the spec and the oracle each piece is tested against).
 
 Written the way torch users train: the model in train() mode, `loss.backward()` filling each
 Parameter's `.grad`, then `torch.optim.Adam.step()`. Eager throughout (torch.compile is left
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.training import ADAM_BETAS, ADAM_EPS, noam_learning_rate
+from common.oracle.training import ADAM_BETAS, ADAM_EPS, noam_learning_rate
 from torch_impl.model import Transformer
 from torch_impl.weights import canonical_from_state_dict
 
@@ -31,7 +31,7 @@ class Loss:
 
 
 def shift_right(tgt: Tensor, bos_id: int) -> Tensor:
-    """Decoder input, the mirror of common.masks.shift_right: the target one step right behind
+    """Decoder input, the mirror of common.spec.masks.shift_right: the target one step right behind
     BOS (teacher forcing, section 3.1: "output embeddings are offset by one position")."""
     bos = torch.full_like(tgt[:, :1], bos_id)  # (B, 1)
     return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
@@ -112,7 +112,7 @@ def loss_and_grads(model: Transformer, src: Tensor, tgt: Tensor) -> tuple[Loss, 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Adam:
     """Section 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9. torch adds eps to
-    sqrt(v_hat), as common.training.adam_step does. model.parameters() yields a tied Parameter
+    sqrt(v_hat), as common.oracle.training.adam_step does. model.parameters() yields a tied Parameter
     once, so a tied tensor has one set of moments. The learning rate is set before every step."""
     return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS)
 
@@ -137,7 +137,7 @@ def train_step(
     Returns the batch's loss, taken before the update.
 
     The rate is written into the optimiser rather than driven by LambdaLR: the schedule is then
-    common.training.noam_learning_rate itself, and warmup and factor may differ between calls
+    common.oracle.training.noam_learning_rate itself, and warmup and factor may differ between calls
     while the step count runs on over the model's lifetime.
     """
     set_learning_rate(optimizer, noam_learning_rate(step, model.config.d_model, warmup, factor))

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common import reference
-from common.config import TransformerConfig
-from common.format import atomic_write, save_weights
-from common.init import init_weights
-from common.inputs import ragged_batch
+from common.oracle import reference
+from common.spec.config import TransformerConfig
+from common.spec.inputs import ragged_batch
+from common.weights.format import atomic_write, save_weights
+from common.weights.init import init_weights
 
 HERE = Path(__file__).parent
 _TINY = dict(

@@ -1,0 +1,278 @@
+"""The adapter every implementation offers, numpy in and numpy out, and the registry that finds them.
+
+Each parity test is written once against `Backend` / `Model` and parametrised over whatever
+backends are installed. The registry imports an implementation only when asked for it, so a
+missing framework is reported with its reason and never raises ImportError at collection time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from common.decoding.search import Stepper
+from common.errors import BackendUnavailable
+from common.spec.config import TransformerConfig
+from common.spec.results import ForwardOutput, LossOutput
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A built model in one framework, on one device, in one dtype."""
+
+    config: TransformerConfig
+    dtype: str  # "float32", "float64" or "bfloat16"
+    device: str  # "cpu", "cuda:0", "gpu:0", ...
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Every canonical tensor, in canonical order and in the model's dtype (bit-exact)."""
+        ...
+
+    def forward(
+        self,
+        src: np.ndarray,
+        tgt_in: np.ndarray,
+        *,
+        attention: bool = False,
+        hidden_states: bool = False,
+        mode: str = "eager",
+    ) -> ForwardOutput:
+        """Eval-mode forward. `attention=True` takes the explicit path and returns probabilities;
+        `attention=False` takes the framework's fused attention kernel. `mode` is one of the
+        backend's `modes` ("eager", "compiled"). Raises InputError for ids the model cannot take.
+        """
+        ...
+
+
+@runtime_checkable
+class TrainableModel(Protocol):
+    """A Model that can also be trained (each impl's train.py, behind its backend).
+
+    Both take the target itself (B, T): the model reads it shifted right behind BOS
+    (common.spec.masks.shift_right) and predicts it; pad targets do not count. Dropout follows the
+    config (tests use dropout 0, so that the three frameworks take identical steps).
+    """
+
+    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+        """Label-smoothed loss (common.oracle.training.label_smoothed_loss) and its gradient for every
+        canonical tensor, under canonical names and layouts."""
+        ...
+
+    def train_steps(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+    ) -> list[float]:
+        """One step of the framework's own Adam (0.9, 0.98, 1e-9, eps placed as in
+        common.oracle.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps
+        count from 1 for the model's lifetime). Returns each step's loss, taken before its update;
+        the model's weights (export()) are updated in place."""
+        ...
+
+
+@runtime_checkable
+class DecodingModel(Protocol):
+    """A Model that can decode autoregressively (each impl's decode.py, behind its backend).
+
+    The search itself is common.decoding.search's, written once; the model supplies one step at a time.
+    """
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> Stepper:
+        """Encode src (B, S) once and return a Stepper over B * beams rows (row r decodes source
+        r // beams) that takes at most max_steps steps (BOS included).
+
+        cached=True keeps every decoder layer's self-attention keys and values (a buffer of
+        max_steps positions, written one position per step) and the cross-attention keys and
+        values of the memory (computed once), so a step costs O(1) in the prefix length.
+        cached=False runs the decoder over the whole prefix at every step (the baseline the
+        benchmark compares against). Both see keys as decoder_key_padding_mask does: position 0
+        always, a later position iff its token is not pad_id. Raises InputError for bad src.
+        """
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One framework's implementation."""
+
+    name: str  # registry key: "numpy", "torch", "tf", "jax"
+    dtypes: tuple[str, ...]  # compute dtypes it supports
+    modes: tuple[str, ...]  # "eager" and, where the framework compiles, "compiled"
+
+    def version(self) -> str:
+        """Framework and version, e.g. 'torch 2.13.0'; written as the producer of files."""
+        ...
+
+    def devices(self) -> list[str]:
+        """Devices this framework sees here: always 'cpu', plus each accelerator."""
+        ...
+
+    def build(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> Model:
+        """A model holding `weights` (canonical names, any float dtype) cast to `dtype`."""
+        ...
+
+
+@runtime_checkable
+class NativeCheckpoints(Protocol):
+    """A backend that reads and writes its framework's own checkpoint: torch (.pt/.bin,
+    torch.save of the model's state_dict), tf (Keras's .weights.h5) and jax (msgpack of the
+    nnx.Param state). `rosetta convert` goes through these two methods, so it imports no
+    framework itself.
+    """
+
+    native_suffixes: tuple[str, ...]  # file name endings of the native checkpoint, e.g. (".pt",)
+
+    def save_native(
+        self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+    ) -> None:
+        """Write the native checkpoint of a model for `config` holding canonical `weights` (any
+        float dtype, one per file, stored as given: bit-exact). Validates names, shapes and dtype
+        first (WeightFileError listing every problem) and writes atomically: whatever fails,
+        `path` is left as it was and no partial file remains."""
+        ...
+
+    def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
+        """Canonical tensors, in canonical order and the stored dtype (bit-exact), from a native
+        checkpoint for `config`. One WeightFileError lists every problem: missing, unexpected
+        and wrong-shaped tensors, or a file that is not this format, truncated or corrupt. Never
+        runs code from the file (torch: weights_only loading)."""
+        ...
+
+
+def check_build_request(backend: Backend, dtype: str, device: str) -> None:
+    """The checks every Backend.build makes first, with one wording: a ValueError naming what
+    this backend offers."""
+    if dtype not in backend.dtypes:
+        raise ValueError(
+            f"dtype: {backend.name} does not compute in {dtype!r}; it offers {', '.join(backend.dtypes)}"
+        )
+    devices = backend.devices()
+    if device not in devices:
+        raise ValueError(
+            f"device: {device!r} is not visible to {backend.name}; it sees {', '.join(devices)}"
+        )
+
+
+def check_mode(modes: tuple[str, ...], mode: str) -> None:
+    """The check every Model.forward makes on `mode`."""
+    if mode not in modes:
+        raise ValueError(f"mode: unknown {mode!r}; allowed: {', '.join(modes)}")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    module: str  # the implementation's backend module
+    cls: str
+    requires: tuple[str, ...]  # top-level packages that must be importable
+    extra: str  # pip extra that installs them
+    label: str = field(default="")
+
+
+REGISTRY: dict[str, BackendInfo] = {
+    "numpy": BackendInfo(
+        "numpy", "common.adapter.reference_backend", "NumpyBackend", ("numpy",), "", "NumPy float64 oracle"
+    ),
+    "torch": BackendInfo(
+        "torch", "torch_impl.backend", "TorchBackend", ("torch",), "torch", "PyTorch"
+    ),
+    "tf": BackendInfo(
+        "tf",
+        "tf_impl.backend",
+        "KerasBackend",
+        ("tensorflow", "keras"),
+        "tf",
+        "Keras 3 / TensorFlow",
+    ),
+    "jax": BackendInfo(
+        "jax", "jax_impl.backend", "FlaxBackend", ("jax", "flax"), "jax", "Flax NNX / JAX"
+    ),
+}
+FRAMEWORKS = tuple(REGISTRY)
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why backend `name` cannot run here, or None when it can. Imports nothing heavy."""
+    if name not in REGISTRY:
+        return f"unknown framework {name!r}; known: {', '.join(REGISTRY)}"
+    info = REGISTRY[name]
+    missing = [pkg for pkg in info.requires if importlib.util.find_spec(pkg) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not installed (pip install 'transformer-rosetta[{info.extra}]')"
+        )
+    try:
+        spec = importlib.util.find_spec(info.module)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None:
+        return f"{info.module} is not implemented yet"
+    return None
+
+
+def available_backends() -> dict[str, str | None]:
+    """{name: None if usable, else the reason it is not}, for every registered backend."""
+    return {name: unavailable_reason(name) for name in REGISTRY}
+
+
+_INSTANCES: dict[str, Backend] = {}
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Hide what C++ libraries write straight to file descriptor 2 while a framework loads.
+
+    TensorFlow 2.21 logs through absl before Python can configure it ("All log messages before
+    absl::InitializeLog()", "Could not find cuda drivers", "failed call to cuInit"), ignoring
+    TF_CPP_MIN_LOG_LEVEL. Python exceptions are unaffected: they surface after the block.
+    Set ROSETTA_VERBOSE=1 to see everything.
+    """
+    if os.environ.get("ROSETTA_VERBOSE"):
+        yield
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # stderr is closed (`2>&-`): there is nothing to hide
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name`, imported on first use. BackendUnavailable says why not."""
+    if name in _INSTANCES:
+        return _INSTANCES[name]
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise BackendUnavailable(f"{name}: {reason}")
+    info = REGISTRY[name]
+    with native_stderr_silenced():
+        module = importlib.import_module(info.module)
+        backend = getattr(module, info.cls)()
+        backend.devices()  # the first device query initialises the runtime, which logs too
+    _INSTANCES[name] = backend
+    return backend

@@ -1,0 +1,99 @@
+"""The NumPy oracle behind the adapter, as backend "numpy" (float64, CPU, eager only)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from common.adapter.backends import check_build_request, check_mode
+from common.oracle import reference
+from common.spec.config import TransformerConfig
+from common.spec.inputs import check_ids, check_inputs, check_length
+from common.spec.names import canonical_shapes
+from common.spec.results import ForwardOutput
+
+
+class PrefixStepper:
+    """The oracle's Stepper (common.decoding.search): it re-runs reference.decode over the whole prefix at
+    every step, the plainest correct decoder, against which every cache is tested."""
+
+    def __init__(
+        self, weights: dict[str, np.ndarray], c: TransformerConfig, src: np.ndarray, beams: int
+    ) -> None:
+        self.weights, self.config = weights, c
+        memory, _, _ = reference.encode(weights, c, src)
+        self.src = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
+        self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
+        self.prefix = np.zeros((self.src.shape[0], 0), dtype=np.int64)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.prefix = np.concatenate([self.prefix, np.asarray(tokens, np.int64)[:, None]], axis=1)
+        y, _, _, _ = reference.decode(self.weights, self.config, self.prefix, self.memory, self.src)
+        return reference.output_logits(self.weights, self.config, y[:, -1])  # (N, V)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.prefix, self.memory, self.src = self.prefix[rows], self.memory[rows], self.src[rows]
+
+
+class NumpyModel:
+    def __init__(self, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> None:
+        self.config = config
+        self.dtype = "float64"
+        self.device = "cpu"
+        self.weights = {
+            name: np.array(weights[name], dtype=np.float64) for name in canonical_shapes(config)
+        }
+
+    def export(self) -> dict[str, np.ndarray]:
+        return {name: t.copy() for name, t in self.weights.items()}
+
+    def forward(
+        self,
+        src: np.ndarray,
+        tgt_in: np.ndarray,
+        *,
+        attention: bool = False,
+        hidden_states: bool = False,
+        mode: str = "eager",
+    ) -> ForwardOutput:
+        check_mode(NumpyBackend.modes, mode)
+        src, tgt_in = check_inputs(self.config, src, tgt_in)
+        out = reference.forward(self.weights, self.config, src, tgt_in, hidden_states=hidden_states)
+        if not attention:
+            out.encoder_self_attention = out.decoder_self_attention = out.cross_attention = None
+        return out
+
+    def stepper(
+        self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
+    ) -> PrefixStepper:
+        """The oracle has no cache: `cached` is accepted and ignored."""
+        src = check_ids(src, "src", self.config.src_vocab_size)
+        check_length(src.shape[1], "src", self.config)
+        return PrefixStepper(self.weights, self.config, src, beams)
+
+
+class NumpyBackend:
+    name = "numpy"
+    dtypes = ("float64",)
+    modes = ("eager",)
+
+    def version(self) -> str:
+        return f"numpy {np.__version__}"
+
+    def devices(self) -> list[str]:
+        return ["cpu"]
+
+    def build(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float64",
+        device: str = "cpu",
+    ) -> NumpyModel:
+        check_build_request(self, dtype, device)
+        missing = [n for n in canonical_shapes(config) if n not in weights]
+        if missing:
+            raise ValueError(f"missing tensors: {', '.join(missing)}")
+        return NumpyModel(config, weights)

@@ -1,0 +1,392 @@
+"""Generates the tables in docs/FORMAT.md from the code, so the doc cannot drift from it.
+
+`python -m common.app.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
+`<!-- END GENERATED: key -->`; `python -m common.app.docs --check` exits 1 if any block is stale
+(the test suite runs the check).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from common.files.outputs import atomic_write
+from common.spec.config import TransformerConfig
+from common.spec.names import canonical_specs
+from common.weights.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_CONFIG,
+    META_FORMAT,
+    META_PRODUCER,
+    META_TASK,
+    META_VERSION,
+    SAFETENSORS_DTYPES,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
+
+# A config whose sizes are all different numbers, so each number in a shape names one size.
+_PROBE = dict(
+    src_vocab_size=11,
+    tgt_vocab_size=13,
+    d_model=14,
+    num_heads=2,
+    d_ff=9,
+    max_len=17,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    position_kind="learned",
+)
+_SYMBOLS = {
+    11: "src_vocab",
+    13: "tgt_vocab",
+    14: "d_model",
+    2: "h",
+    7: "d_k",
+    9: "d_ff",
+    17: "max_len",
+}
+# Every tensor is present or absent according to one switch; the probe turns all of them on.
+_MAXIMAL = dict(
+    share_embeddings=False, tie_output=False, output_bias=True, final_norm=True, attention_bias=True
+)
+_SWITCHES = {
+    "share_embeddings": True,
+    "tie_output": True,
+    "output_bias": False,
+    "final_norm": False,
+    "attention_bias": False,
+    "position_kind": "sinusoidal",
+}
+
+
+def _template(name: str) -> str:
+    """Layer 0's name with its index as {i}, in any framework's spelling (".0.", "/0/", "[0]")."""
+    return re.sub(r"layers(\.|/|\[)0(\.|/|\])", r"layers\1{i}\2", name)
+
+
+def _names(**changes: object) -> dict[str, tuple[int, ...]]:
+    config = TransformerConfig(**{**_PROBE, **_MAXIMAL, **changes})
+    return {s.name: s.shape for s in canonical_specs(config)}
+
+
+def names_table() -> str:
+    """Every canonical name (layer index as {i}), its shape in symbols, and when it is present."""
+    base = _names()
+    conditions: dict[str, list[str]] = {n: [] for n in base}
+    gained: dict[str, tuple[tuple[int, ...], str]] = {}
+    for switch, flipped in _SWITCHES.items():
+        # One shared embedding needs one vocabulary: its shape shows as [src_vocab, d_model].
+        same_vocab = (
+            {"tgt_vocab_size": _PROBE["src_vocab_size"]} if switch == "share_embeddings" else {}
+        )
+        other = _names(**{switch: flipped}, **same_vocab)
+        for n in base.keys() - other.keys():
+            conditions[n].append(f"{switch} = {_json(_MAXIMAL.get(switch, 'learned'))}")
+        for n in other.keys() - base.keys():
+            gained[n] = (other[n], f"{switch} = {_json(flipped)}")
+    rows = [(n, shape, cond) for n, (shape, cond) in gained.items()]
+    rows += [(n, shape, " and ".join(conditions[n]) or "always") for n, shape in base.items()]
+    lines = ["| name | shape | present when |", "|---|---|---|"]
+    for name, shape, condition in rows:
+        symbolic = "[" + ", ".join(_SYMBOLS[d] for d in shape) + "]"
+        lines.append(f"| `{_template(name)}` | `{symbolic}` | {condition} |")
+    return "\n".join(lines)
+
+
+def metadata_table() -> str:
+    lines = ["| key | value |", "|---|---|"]
+    lines.append(f'| `{META_FORMAT}` | `"{FORMAT_NAME}"` |')
+    lines.append(
+        f'| `{META_VERSION}` | `"{FORMAT_VERSION}"` (this reader\'s version, a decimal string) |'
+    )
+    lines.append(f"| `{META_CONFIG}` | the config as JSON: every field of `TransformerConfig` |")
+    lines.append(f'| `{META_PRODUCER}` | who wrote the file, e.g. `"torch 2.13.0"` (informative) |')
+    lines.append(
+        f"| `{META_TASK}` | optional: the generated task (`common/app/tasks.py`) a trained model "
+        "belongs to, whose tokenizer `rosetta translate` uses |"
+    )
+    return "\n".join(lines)
+
+
+def dtype_table() -> str:
+    lines = ["| safetensors dtype | numpy dtype |", "|---|---|"]
+    lines += [f"| `{code}` | `{name}` |" for code, name in SAFETENSORS_DTYPES.items()]
+    return "\n".join(lines)
+
+
+def config_table() -> str:
+    """Every config field with its default (the paper's base model) and what it allows."""
+    from dataclasses import fields
+
+    from common.spec.config import _CHOICES
+
+    lines = ["| field | default | allowed |", "|---|---|---|"]
+    for f in fields(TransformerConfig):
+        allowed = {
+            int: "integer >= 1" if not f.name.endswith("_id") else "integer in [0, vocab)",
+            float: "number in [0, 1)" if f.name != "layer_norm_eps" else "number in (0, 1)",
+            bool: "true / false",
+        }.get(type(f.default), "")
+        if f.name in _CHOICES:
+            allowed = " / ".join(f"`{c}`" for c in _CHOICES[f.name])
+        lines.append(f"| `{f.name}` | `{_json(f.default)}` | {allowed} |")
+    return "\n".join(lines)
+
+
+def _json(value: object) -> str:
+    return (
+        {True: "true", False: "false"}.get(value, f'"{value}"')
+        if isinstance(value, (bool, str))
+        else str(value)
+    )
+
+
+def native_names_table() -> str:
+    """Canonical name -> each framework's own name, and the torch shape (the only framework whose
+    layout differs: nn.Linear stores [out, in], and attention heads are merged into one axis)."""
+    import importlib
+
+    from common.adapter.backends import native_stderr_silenced
+
+    with native_stderr_silenced():
+        maps = {
+            label: importlib.import_module(f"{pkg}.weights").native_name_map
+            for label, pkg in (
+                ("PyTorch state_dict", "torch_impl"),
+                ("Keras variable path", "tf_impl"),
+                ("Flax NNX state path", "jax_impl"),
+            )
+        }
+        from torch_impl.weights import native_shape
+    configs = [
+        TransformerConfig(**{**_PROBE, **_MAXIMAL}),
+        TransformerConfig(**{**_PROBE, "tgt_vocab_size": _PROBE["src_vocab_size"]}),  # shared
+    ]
+    rows: dict[str, list[str]] = {}
+    for config in configs:
+        names = {label: m(config) for label, m in maps.items()}
+        for spec in canonical_specs(config):
+            key = _template(spec.name)
+            if key in rows:
+                continue
+            torch_shape = "[" + ", ".join(_SYMBOLS.get(d, str(d)) for d in native_shape(spec)) + "]"
+            if spec.role == "bias" and len(spec.shape) == 2:
+                torch_shape = "[h*d_k] (heads merged)"
+            elif spec.role == "kernel":
+                merged = " (heads merged, transposed)" if len(spec.shape) == 3 else " (transposed)"
+                torch_shape += merged
+            rows[key] = [_template(names[label][spec.name]) for label in maps] + [torch_shape]
+    header = "| canonical | " + " | ".join(maps) + " | torch shape |"
+    lines = [header, "|---" * (len(maps) + 2) + "|"]
+    lines += [f"| `{k}` | " + " | ".join(f"`{v}`" for v in vals) + " |" for k, vals in rows.items()]
+    return "\n".join(lines)
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "native_names": native_names_table,
+    "names": names_table,
+    "metadata": metadata_table,
+    "dtypes": dtype_table,
+    "config": config_table,
+}
+
+# -- docs/PARITY.md: the tolerance table, regenerated from `rosetta parity --json` reports -------
+
+PARITY_DOC = DOC.parent / "PARITY.md"
+MEASUREMENTS = DOC.parent / "parity_measurements.json"
+# (dtype, preset) runs of `rosetta parity --json` behind the table: each dtype on the tiny preset,
+# and float32 on the paper's base model as well.
+MEASURED_RUNS = (
+    ("float64", "tiny"),
+    ("float32", "tiny"),
+    ("float32", "base"),
+    ("bfloat16", "tiny"),
+)
+
+
+def measure_parity() -> list[dict]:
+    """`rosetta parity --dtype D --preset P --json` for each of MEASURED_RUNS (seed 0)."""
+    import contextlib
+    import io
+    import json
+
+    from common.app.cli import main as rosetta
+
+    reports = []
+    for dtype, name in MEASURED_RUNS:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rosetta(["parity", "--dtype", dtype, "--preset", name, "--json"])
+        reports.append({**json.loads(out.getvalue()), "preset": name})
+    return reports
+
+
+def parity_table(reports: list[dict] | None = None) -> str:
+    """Per measured run: the bound, and per framework the largest difference from the oracle over
+    every compared quantity, and the largest between any two frameworks."""
+    import json
+
+    if reports is None:
+        reports = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else []
+    order = ("torch", "tf", "jax")
+    frameworks = sorted(
+        {r["framework"] for rep in reports for r in rep["runs"]},
+        key=lambda f: order.index(f) if f in order else len(order),
+    )
+    header = "| dtype | model | bound (max abs) | " + " | ".join(
+        f"{f} vs oracle" for f in frameworks
+    )
+    lines = [header + " | largest pair |", "|---" * (len(frameworks) + 4) + "|"]
+    for rep in reports:
+        comparisons = rep["comparisons"]
+        cells = []
+        for f in frameworks:
+            worst = [c["max_abs"] for c in comparisons if c["left"] == f and c["right"] == "numpy"]
+            cells.append(f"{max(worst):.1e}" if worst else "not run")
+        pairs = [c["max_abs"] for c in comparisons if c["right"] != "numpy"]
+        bound = comparisons[0]["tolerance"] if comparisons else float("nan")
+        model = f"{rep['preset']} (batch {rep['batch']}, {rep['src_len']}/{rep['tgt_len']} tokens)"
+        pair = f"{max(pairs):.1e}" if pairs else "-"
+        lines.append(
+            f"| {rep['dtype']} | {model} | {bound:g} | " + " | ".join(cells) + f" | {pair} |"
+        )
+    return "\n".join(lines)
+
+
+PARITY_GENERATORS: dict[str, Callable[[], str]] = {"tolerances": parity_table}
+
+# -- docs/PORTING.md: the outside formats' name maps, printed from common/porting/-----------------
+
+PORTING_DOC = DOC.parent / "PORTING.md"
+
+
+def _port_table(rows: list[tuple[str, str, str]]) -> str:
+    lines = ["| source name | canonical name | transform |", "|---|---|---|"]
+    for source, canonical, transform in rows:
+        if ".layers.1." in source or ".layers.1." in canonical:
+            continue  # one layer shows the pattern; {i} stands for every layer
+        names = ", ".join(f"`{_template(n.strip())}`" for n in canonical.split(","))
+        lines.append(f"| `{_template(source)}` | {names} | {transform} |")
+    return "\n".join(lines)
+
+
+def nn_transformer_table() -> str:
+    """torch.nn.Transformer (+ the user's embeddings and output Linear), untied, with final norms."""
+    from common.porting.nn_transformer import mapping_table
+
+    config = TransformerConfig(
+        **{**_PROBE, **_MAXIMAL, "num_encoder_layers": 2, "num_decoder_layers": 2}
+    )
+    return _port_table(mapping_table(config))
+
+
+def marian_table() -> str:
+    """A Marian model as transformers 5 builds it: shared, tied, post-norm, final_logits_bias."""
+    from common.porting.marian import mapping_table
+
+    config = TransformerConfig(
+        **{
+            **_PROBE,
+            "num_encoder_layers": 2,
+            "num_decoder_layers": 2,
+            "position_kind": "sinusoidal",
+            "tgt_vocab_size": _PROBE["src_vocab_size"],
+            "sinusoid_layout": "concatenated",
+            "output_bias": True,
+            "bos_id": 0,
+            "layer_norm_eps": 1e-5,
+        }
+    )
+    return _port_table(mapping_table(config))
+
+
+PORTING_GENERATORS: dict[str, Callable[[], str]] = {
+    "nn_transformer": nn_transformer_table,
+    "marian": marian_table,
+}
+RELIABILITY_DOC = DOC.with_name("RELIABILITY.md")
+
+
+def limits_table() -> str:
+    """Every bound on what a user's file or option may make the program do, from the constants
+    that enforce it, with the reason each constant's comment gives."""
+    from common.app import resources
+    from common.app.cli import MAX_REPEATS, SEED_MAX
+    from common.files import outputs, safe_read
+
+    rows = [
+        ("config JSON size", f"{safe_read.MAX_CONFIG_BYTES:,} bytes", "`MAX_CONFIG_BYTES`"),
+        ("JSON nesting depth (configs, weight-file headers)", str(safe_read.MAX_JSON_DEPTH),
+         "`MAX_JSON_DEPTH`"),
+        ("digits of a JSON integer", str(safe_read.MAX_INT_DIGITS), "`MAX_INT_DIGITS`"),
+        ("weight-file header size", f"{safe_read.MAX_HEADER_BYTES:,} bytes", "`MAX_HEADER_BYTES`"),
+        ("token-id array (`.npy`, each array of an `.npz`)", f"{safe_read.MAX_NPY_BYTES:,} bytes",
+         "`MAX_NPY_BYTES`"),
+        ("`.npy` header size", f"{safe_read.MAX_NPY_HEADER_BYTES:,} bytes",
+         "`MAX_NPY_HEADER_BYTES`"),
+        ("names listed in one message", f"{safe_read.MAX_LISTED}, then \"and N more\"",
+         "`MAX_LISTED`"),
+        ("share of available memory a request may plan on", f"{resources.USABLE_FRACTION:.0%}",
+         "`USABLE_FRACTION`"),
+        ("seeds", f"0 to {SEED_MAX:,}", "`SEED_MAX`"),
+        ("benchmark rounds (`bench --repeats`)", f"{MAX_REPEATS:,}", "`MAX_REPEATS`"),
+        ("signals that clean up before exiting",
+         ", ".join(["SIGINT", *(s.name for s in outputs.CAUGHT_SIGNALS)]), "`CAUGHT_SIGNALS`"),
+    ]  # fmt: skip
+    lines = ["| limit | value | constant |", "|---|---|---|"]
+    lines += [f"| {what} | {value} | {name} |" for what, value, name in rows]
+    return "\n".join(lines)
+
+
+RELIABILITY_GENERATORS: dict[str, Callable[[], str]] = {"limits": limits_table}
+DOCUMENTS = {
+    DOC: GENERATORS,
+    PARITY_DOC: PARITY_GENERATORS,
+    PORTING_DOC: PORTING_GENERATORS,
+    RELIABILITY_DOC: RELIABILITY_GENERATORS,
+}
+
+
+def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
+    """`text` with every generated block replaced by its generator's current output."""
+    for key, generate in generators.items():
+        pattern = re.compile(
+            rf"(<!-- BEGIN GENERATED: {re.escape(key)} -->\n).*?(<!-- END GENERATED: {re.escape(key)} -->)",
+            re.S,
+        )
+        if not pattern.search(text):
+            raise ValueError(f"no generated block named {key!r}")
+        text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str]) -> int:
+    """`--check`: exit 1 if a doc is stale. `--measure`: first run `rosetta parity --json` for
+    each dtype and save the reports to docs/parity_measurements.json."""
+    if "--measure" in argv:
+        import json
+
+        text = json.dumps(measure_parity(), indent=1)
+        atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {MEASUREMENTS}")
+    stale = []
+    for doc, generators in DOCUMENTS.items():
+        current = doc.read_text()
+        fresh = render(current, generators)
+        if fresh != current:
+            stale.append(doc)
+            if "--check" not in argv:
+                atomic_write(doc, lambda tmp, text=fresh: Path(tmp).write_text(text))
+                print(f"wrote {doc}")
+    if "--check" in argv and stale:
+        print(f"stale: {', '.join(map(str, stale))}: run python -m common.docs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

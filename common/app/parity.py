@@ -1,0 +1,288 @@
+"""Cross-framework parity, framework-free: run each backend through the adapter on identical
+weights and inputs, then compare every output with the float64 oracle and with each other.
+
+`rosetta parity` prints what `run_parity` returns; the test suite asserts the same comparisons.
+Adding a framework needs only a backend registered in common/adapter/backends.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason
+from common.errors import RosettaError
+from common.oracle import reference
+from common.spec.config import TransformerConfig
+from common.spec.results import ForwardOutput
+from common.spec.tolerances import atol_for
+
+ORACLE = "numpy"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One compared array: max |a - b|, and that divided by max |b| (the scale of the reference,
+    not elementwise, so that exact zeros in attention maps do not blow it up)."""
+
+    quantity: str  # canonical output name, e.g. "logits", "decoder.layers.0.cross_attention"
+    left: str  # a run label, e.g. "torch", "jax@gpu:0"
+    right: str  # "numpy" (the oracle) or another run label
+    max_abs: float
+    max_rel: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.max_abs <= self.tolerance)
+
+
+@dataclass
+class Run:
+    """One framework on one device: its label and outputs (explicit path, plus the fused-path
+    logits under "logits (fused)")."""
+
+    label: str
+    framework: str
+    device: str
+    version: str
+    outputs: dict[str, np.ndarray]
+    seconds: float
+
+
+@dataclass
+class ParityReport:
+    config: TransformerConfig
+    dtype: str
+    src: np.ndarray
+    tgt_in: np.ndarray
+    runs: list[Run]
+    skipped: dict[str, str]
+    oracle: dict[str, np.ndarray]  # the float64 oracle's outputs, by the same names
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    @property
+    def quantities(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for c in self.comparisons:
+            seen.setdefault(c.quantity, None)
+        return list(seen)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        seen: dict[tuple[str, str], None] = {}
+        for c in self.comparisons:
+            seen.setdefault((c.left, c.right), None)
+        return list(seen)
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.to_dict(),
+            "dtype": self.dtype,
+            "batch": int(self.src.shape[0]),
+            "src_len": int(self.src.shape[1]),
+            "tgt_len": int(self.tgt_in.shape[1]),
+            "runs": [
+                {
+                    "label": r.label,
+                    "framework": r.framework,
+                    "device": r.device,
+                    "version": r.version,
+                    "seconds": round(r.seconds, 3),
+                }
+                for r in self.runs
+            ],
+            "skipped": self.skipped,
+            "comparisons": [{**asdict(c), "passed": c.passed} for c in self.comparisons],
+            "passed": self.passed,
+        }
+
+
+def compare(
+    quantity: str, left: str, right: str, a: np.ndarray, b: np.ndarray, tol: float
+) -> Comparison:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"{quantity}: {left} has shape {a.shape}, {right} has {b.shape}")
+    diff = np.abs(a - b)
+    # NaN anywhere must fail, and max() of an array with NaN is NaN, which compares False: inf.
+    max_abs = float(diff.max()) if a.size else 0.0
+    if not np.isfinite(max_abs):
+        max_abs = float("inf")
+    scale = float(np.abs(b).max()) if b.size else 0.0
+    return Comparison(quantity, left, right, max_abs, max_abs / scale if scale else 0.0, tol)
+
+
+def resolve_devices(backend_name: str, devices: Sequence[str], request: str) -> list[str]:
+    """The devices of one framework for --device cpu|gpu|all."""
+    if request == "cpu":
+        return ["cpu"]
+    accelerators = [d for d in devices if d != "cpu"]
+    if request == "gpu":
+        return accelerators[:1]
+    if request == "all":
+        return list(devices)
+    raise RosettaError(f"device: unknown {request!r}; allowed: cpu, gpu, all")
+
+
+def run_framework(
+    name: str,
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    dtype: str,
+    device: str,
+) -> dict[str, np.ndarray]:
+    """Every output of one framework: the explicit path's, plus the fused path's logits."""
+    backend = get_backend(name)
+    model = backend.build(config, weights, dtype=dtype, device=device)
+    explicit = model.forward(src, tgt_in, attention=True).named()
+    fused = model.forward(src, tgt_in, attention=False)
+    return {**explicit, "logits (fused)": fused.logits}
+
+
+def oracle_outputs(
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    dtype: str,
+) -> dict[str, np.ndarray]:
+    """The float64 oracle on the weights as the frameworks hold them (rounded to `dtype`)."""
+    from common.spec.dtypes import numpy_dtype
+
+    rounded = {
+        k: np.asarray(v).astype(numpy_dtype(dtype)).astype(np.float64) for k, v in weights.items()
+    }
+    out: ForwardOutput = reference.forward(rounded, config, src, tgt_in)
+    named = out.named()
+    named["logits (fused)"] = out.logits
+    return named
+
+
+def run_parity(
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    *,
+    frameworks: Sequence[str] = FRAMEWORKS,
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> ParityReport:
+    """Run every requested, installed framework and compare all outputs.
+
+    Unknown framework names are a RosettaError; frameworks that cannot run here are listed in
+    `skipped` with the reason. The oracle always runs, as the reference.
+    """
+    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    if unknown:
+        raise RosettaError(
+            f"unknown framework {', '.join(map(repr, unknown))}; known: {', '.join(FRAMEWORKS)}"
+        )
+    tol = atol_for(dtype, config)
+    say = progress or (lambda _msg: None)
+    skipped: dict[str, str] = {}
+    runs: list[Run] = []
+    say(f"oracle: numpy float64 on {src.shape[0]} x ({src.shape[1]}, {tgt_in.shape[1]}) tokens")
+    want = oracle_outputs(config, weights, src, tgt_in, dtype)
+    for name in frameworks:
+        if name == ORACLE:
+            continue
+        reason = unavailable_reason(name)
+        if reason is not None:
+            skipped[name] = reason
+            continue
+        backend = get_backend(name)
+        if dtype not in backend.dtypes:
+            skipped[name] = f"does not compute in {dtype}"
+            continue
+        devices = resolve_devices(name, backend.devices(), device)
+        if not devices:
+            skipped[name] = f"no {device} device visible to {name}"
+            continue
+        for dev in devices:
+            label = name if device == "cpu" else f"{name}@{dev}"
+            say(f"{label}: building and running ({backend.version()}, {dtype})")
+            start = time.perf_counter()
+            outputs = run_framework(name, config, weights, src, tgt_in, dtype, dev)
+            runs.append(
+                Run(label, name, dev, backend.version(), outputs, time.perf_counter() - start)
+            )
+
+    report = ParityReport(config, dtype, src, tgt_in, runs, skipped, want)
+    for quantity in want:
+        for run in runs:
+            report.comparisons.append(
+                compare(quantity, run.label, ORACLE, run.outputs[quantity], want[quantity], tol)
+            )
+        for a, b in itertools.combinations(runs, 2):
+            report.comparisons.append(
+                compare(quantity, a.label, b.label, a.outputs[quantity], b.outputs[quantity], tol)
+            )
+    return report
+
+
+def stderr_progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def _short(label: str) -> str:
+    return "oracle" if label == ORACLE else label
+
+
+def format_table(report: ParityReport) -> str:
+    """One row per compared quantity; for each comparison its max abs and max rel diff; then the
+    tolerance and pass/fail of the row."""
+    pairs = report.pairs
+    by_key = {(c.quantity, c.left, c.right): c for c in report.comparisons}
+    headers = [f"{_short(l)} vs {_short(r)}" for l, r in pairs]
+    qwidth = max([len("quantity")] + [len(q) for q in report.quantities])
+    cell = max([15] + [len(h) for h in headers])
+    lines = [
+        f"{'quantity':<{qwidth}s}  "
+        + "  ".join(f"{h:>{cell}s}" for h in headers)
+        + f"  {'tolerance':>9s}  result",
+        f"{'':<{qwidth}s}  " + "  ".join(f"{'max abs / rel':>{cell}s}" for _ in headers),
+    ]
+    for q in report.quantities:
+        row = [by_key[(q, l, r)] for l, r in pairs]
+        cells = [f"{c.max_abs:.1e} / {c.max_rel:.0e}{'' if c.passed else '!'}" for c in row]
+        ok = all(c.passed for c in row)
+        lines.append(
+            f"{q:<{qwidth}s}  "
+            + "  ".join(f"{s:>{cell}s}" for s in cells)
+            + f"  {row[0].tolerance:>9.0e}  {'pass' if ok else 'FAIL'}"
+        )
+    return "\n".join(lines)
+
+
+def summary_line(report: ParityReport) -> str:
+    failed = [c for c in report.comparisons if not c.passed]
+    worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
+    frameworks = ", ".join(r.label for r in report.runs) or "none"
+    if failed:
+        first = failed[0]
+        return (
+            f"FAIL: {len(failed)} of {len(report.comparisons)} comparisons exceed the {report.dtype} "
+            f"tolerance, first {first.quantity} {_short(first.left)} vs {_short(first.right)}: "
+            f"{first.max_abs:.3g} > {first.tolerance:g}"
+        )
+    if worst is None:
+        return "nothing compared: no framework ran"
+    return (
+        f"PASS: {len(report.comparisons)} comparisons of {frameworks} against the float64 oracle "
+        f"and each other, all within {worst.tolerance:g} ({report.dtype}); largest "
+        f"{worst.max_abs:.2g} ({worst.quantity}, {_short(worst.left)} vs {_short(worst.right)})"
+    )

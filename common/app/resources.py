@@ -1,0 +1,95 @@
+"""Memory estimates, checked before anything big is allocated, so that a request this machine
+cannot hold is refused in one line saying what it would need, instead of dying in the allocator
+(or being killed by the kernel) minutes into the work.
+
+The estimates are upper bounds of the right order, not exact accounting: they count the arrays
+that scale with the request (weights, ids, logits, attention maps, activations) at the width the
+oracle computes in (float64), times the number of models that hold them at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+from common.errors import RosettaError
+from common.spec.config import TransformerConfig
+from common.spec.names import parameter_count
+
+GIB = 1 << 30
+# The share of the available memory a request may plan to use; the rest is the frameworks' own
+# (their runtimes, compiled code, allocator slack), which these estimates do not count.
+USABLE_FRACTION = 0.8
+
+
+class ResourceError(RosettaError):
+    """A request that needs more memory than this machine has available."""
+
+
+def available_memory() -> int:
+    """Bytes the kernel says a new allocation can take now (MemAvailable), else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: let the allocator decide
+
+
+def check_fits(needed: int, what: str) -> None:
+    """Refuse `needed` bytes when they exceed the usable share of the available memory."""
+    limit = int(available_memory() * USABLE_FRACTION)
+    if needed > limit:
+        raise ResourceError(
+            f"{what} needs about {needed / GIB:,.1f} GiB of memory; this machine has "
+            f"{limit / GIB:,.1f} GiB to spare"
+        )
+
+
+def weights_bytes(config: TransformerConfig, itemsize: int = 8) -> int:
+    """The weights of `config` at `itemsize` bytes a number."""
+    return parameter_count(config) * itemsize
+
+
+def forward_bytes(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
+    """One float64 forward pass with every attention map kept: the ids, the logits, each layer's
+    attention probabilities and its widest activation (the FFN's d_ff)."""
+    c = config
+    ids = batch * (src_len + tgt_len) * 8
+    logits = batch * tgt_len * c.tgt_vocab_size
+    attention = (
+        batch
+        * c.num_heads
+        * (
+            c.num_encoder_layers * src_len * src_len
+            + c.num_decoder_layers * (tgt_len * tgt_len + tgt_len * src_len)
+        )
+    )
+    activations = batch * (src_len + tgt_len) * max(c.d_ff, c.d_model) * 4
+    return ids + 8 * (logits + attention + activations)
+
+
+def check_forward_fits(
+    config: TransformerConfig, batch: int, src_len: int, tgt_len: int, models: int, what: str
+) -> None:
+    """Refuse a forward request (weights plus outputs, for `models` models held at once) that
+    cannot fit, before the weights or inputs are made."""
+    per_model = weights_bytes(config) + forward_bytes(config, batch, src_len, tgt_len)
+    check_fits(models * per_model, what)
+
+
+def decode_bytes(config: TransformerConfig, rows: int, src_len: int, beam: int, steps: int) -> int:
+    """A cached decode of `rows` inputs with `beam` hypotheses each: the repeated encoder output,
+    every decoder layer's cross-attention keys and values over the source and its self-attention
+    buffers of `steps` positions, and one step's logits, in float64."""
+    c = config
+    hypotheses = rows * beam
+    per_layer = 2 * (src_len + steps) * c.d_model  # keys and values, cross and self
+    numbers = hypotheses * (
+        src_len * c.d_model + c.num_decoder_layers * per_layer + c.tgt_vocab_size
+    )
+    return 8 * numbers

@@ -1,0 +1,90 @@
+"""Training a model on a generated task and using it: the loop behind `rosetta train`, `rosetta
+translate` and `rosetta demo`, written once over the adapter (common/adapter/backends.py), so it is the
+same loop for every framework.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.adapter.backends import Model
+from common.app.tasks import Task
+from common.decoding.search import Decoded, beam_search, greedy_search
+from common.spec.config import TransformerConfig
+from common.weights.init import init_weights
+
+# on_step(step, steps, loss, target tokens per second so far)
+StepCallback = Callable[[int, int, float, float], None]
+
+
+@dataclass
+class TrainResult:
+    """The per-step losses (before each update), and throughput over the whole run."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    target_tokens: int = 0  # non-pad target tokens seen (the tokens the loss counts)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.target_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def initial_weights(task: Task, seed: int) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """The task's config and the paper's initialisation (common/weights/init.py, scheme "paper")."""
+    config = task.config()
+    return config, init_weights(config, seed=seed, scheme="paper")
+
+
+def train(
+    model: Model,
+    task: Task,
+    steps: int,
+    *,
+    seed: int = 0,
+    on_step: StepCallback | None = None,
+) -> TrainResult:
+    """`steps` Adam steps at the Noam rate (task.warmup, task.lr_factor) on fresh batches from the
+    task's training stream (never a test source). The model is updated in place."""
+    stream = task.train_batches(seed)
+    result = TrainResult()
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        src, tgt = stream.next_batch()
+        (loss,) = model.train_steps([(src, tgt)], warmup=task.warmup, factor=task.lr_factor)
+        result.losses.append(loss)
+        result.target_tokens += int((tgt != model.config.pad_id).sum())
+        result.seconds = time.perf_counter() - start
+        if on_step is not None:
+            on_step(step, steps, loss, result.tokens_per_second)
+    return result
+
+
+def decode(model: Model, src: np.ndarray, *, beam: int = 1) -> Decoded:
+    """Greedy (beam 1) or beam search (common/decoding/search.py) with the model's cached stepper."""
+    if beam == 1:
+        return greedy_search(model.stepper, model.config, src)
+    return beam_search(model.stepper, model.config, src, beam=beam)
+
+
+def translate(model: Model, task: Task, texts: list[str], *, beam: int = 1) -> list[str]:
+    """Each text in the task's source language, translated. InputError for text the task cannot
+    read (a character outside the source tokenizer, a number out of range)."""
+    decoded = decode(model, task.encode_sources(texts), beam=beam)
+    return [task.target.decode(tokens) for tokens in decoded.tokens]
+
+
+def exact_match(
+    model: Model, task: Task, pairs: list[tuple[str, str]], *, beam: int = 1, batch: int = 100
+) -> tuple[float, list[str]]:
+    """The fraction of pairs whose translation equals the target exactly, and the translations."""
+    outputs: list[str] = []
+    for i in range(0, len(pairs), batch):
+        chunk = pairs[i : i + batch]
+        outputs += translate(model, task, [src for src, _ in chunk], beam=beam)
+    right = sum(out == tgt for out, (_, tgt) in zip(outputs, pairs, strict=True))
+    return right / max(len(pairs), 1), outputs

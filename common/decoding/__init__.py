@@ -1,0 +1,1 @@
+"""Greedy and beam search, written once over any framework's stepper."""

@@ -1,0 +1,253 @@
+"""Autoregressive search, specified once: greedy and beam search over any framework's model step.
+
+The search bookkeeping (finished hypotheses, length penalty, per-row length limits, tie-breaking)
+is where implementations silently disagree, so it is written once here in float64 numpy. Each
+framework supplies the model's half through a `Stepper` (its decode.py, behind the adapter): the
+encoder runs once, and every `step` feeds one token per row and returns the next position's
+logits, using the framework's own key/value cache. Parity of decoded tokens then rests on parity
+of logits, which the forward tests already bound.
+
+Conventions (docs/PARITY.md, "Decoding"):
+- Decoding starts from BOS. A hypothesis ends at EOS, or at its row's limit of
+  `source length + extra_len` new tokens (source length = non-pad source tokens; section 6.1:
+  "maximum output length to input length + 50").
+- Scores are sums of float64 log-softmax values of the returned logits, EOS included.
+- Beam search ranks finished hypotheses by GNMT's length-normalised score (Wu et al. 2016, Eq. 14):
+  log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^alpha, with |Y| counting EOS. Beam 4, alpha 0.6.
+- Ties break towards the lower index (stable sorts), so a tie cannot depend on the framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from common.errors import InputError
+from common.spec.config import TransformerConfig
+from common.spec.inputs import check_ids, check_length
+
+EXTRA_LEN = 50  # section 6.1
+BEAM_SIZE = 4  # section 6.1
+LENGTH_PENALTY = 0.6  # section 6.1, alpha
+
+
+@runtime_checkable
+class Stepper(Protocol):
+    """One batch being decoded by one model. Rows are source rows each repeated `beams` times
+    (row r decodes source r // beams). The caller feeds BOS first; at most `max_steps` steps."""
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed tokens (N,) int64 at the next position; return that position's logits (N, V)
+        (float32, or float64 for a float64 model)."""
+        ...
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Row i continues as the old row rows[i] (N,) from now on: beam search's gather."""
+        ...
+
+
+def check_stepper_request(
+    c: TransformerConfig, src: np.ndarray, beams: int, max_steps: int
+) -> np.ndarray:
+    """The checks every DecodingModel.stepper makes first: src as validated (B, S) int64 ids,
+    beams and max_steps >= 1, and max_steps within a learned position table."""
+    src = check_ids(src, "src", c.src_vocab_size)
+    check_length(src.shape[1], "src", c)
+    if beams < 1 or max_steps < 1:
+        raise InputError(f"beams and max_steps must be >= 1, got {beams} and {max_steps}")
+    check_length(max_steps, "max_steps", c)  # learned positions end at max_len
+    return src
+
+
+def check_row_ids(values: np.ndarray, name: str, rows: int, high: int) -> np.ndarray:
+    """One id per row, (rows,) int64 in [0, high): a step's tokens or a reorder's rows. Checked
+    on the host, since a compiled gather would clamp an out-of-range index silently."""
+    values = np.asarray(values)
+    if values.shape != (rows,):
+        raise InputError(f"{name}: expected shape [{rows}], got {list(values.shape)}")
+    return check_ids(values[None, :], name, high)[0]
+
+
+def check_step_budget(steps_taken: int, max_steps: int) -> None:
+    """A Stepper's buffers hold max_steps positions: one more step is a caller's bug."""
+    if steps_taken >= max_steps:
+        raise ValueError(f"step: this stepper was made for max_steps={max_steps} steps")
+
+
+StepperFactory = Callable[[np.ndarray, int, int], Stepper]  # (src, beams, max_steps) -> Stepper
+
+
+@dataclass
+class Decoded:
+    """What a search returns, per source row: tokens without BOS and without EOS, the score
+    (greedy: log P; beam: log P / lp), and whether EOS ended it (False: the length limit did)."""
+
+    tokens: list[np.ndarray]
+    scores: np.ndarray  # (B,) float64
+    finished: np.ndarray  # (B,) bool
+
+    def padded(self, pad_id: int) -> np.ndarray:
+        """The tokens as one (B, L) int64 array, right-padded with pad_id."""
+        width = max((len(t) for t in self.tokens), default=0)
+        out = np.full((len(self.tokens), max(width, 1)), pad_id, dtype=np.int64)
+        for i, t in enumerate(self.tokens):
+            out[i, : len(t)] = t
+        return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64, whatever the model's dtype."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def length_penalty(length: np.ndarray | int, alpha: float) -> np.ndarray:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, Eq. 14)."""
+    return ((5.0 + np.asarray(length, dtype=np.float64)) / 6.0) ** alpha
+
+
+def row_limits(c: TransformerConfig, src: np.ndarray, extra_len: int) -> np.ndarray:
+    """Per source row, the most new tokens it may get: its non-pad length + extra_len. Learned
+    positions also stop the decoder input (BOS + tokens) at max_len."""
+    limits = (src != c.pad_id).sum(axis=1).astype(np.int64) + extra_len
+    if c.position_kind == "learned":
+        limits = np.minimum(limits, c.max_len)
+    return np.maximum(limits, 1)
+
+
+def check_search_args(beams: int, extra_len: int) -> None:
+    if beams < 1:
+        raise InputError(f"beam: must be >= 1, got {beams}")
+    if extra_len < 1:
+        raise InputError(f"extra length: must be >= 1, got {extra_len}")
+
+
+def greedy_search(
+    start: StepperFactory,
+    c: TransformerConfig,
+    src: np.ndarray,
+    *,
+    extra_len: int = EXTRA_LEN,
+    stop_at_eos: bool = True,
+) -> Decoded:
+    """Pick the argmax token at every step until each row has emitted EOS or reached its limit.
+    stop_at_eos=False decodes every row to its limit (benchmarks: a fixed number of tokens)."""
+    check_search_args(1, extra_len)
+    limits = row_limits(c, src, extra_len)
+    rows = src.shape[0]
+    stepper = start(src, 1, int(limits.max()))
+    tokens = np.full(rows, c.bos_id, dtype=np.int64)
+    out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
+    scores = np.zeros(rows)
+    lengths = np.zeros(rows, dtype=np.int64)
+    finished = np.zeros(rows, dtype=bool)
+    done = np.zeros(rows, dtype=bool)
+    for t in range(int(limits.max())):
+        log_probs = log_softmax(stepper.step(tokens))
+        best = log_probs.argmax(axis=-1)  # the first maximum: ties go to the lower id
+        live = ~done
+        out[live, t] = best[live]
+        scores[live] += log_probs[live, best[live]]
+        lengths[live] += 1
+        if stop_at_eos:
+            hit_eos = live & (best == c.eos_id)
+            finished |= hit_eos
+            done |= hit_eos
+        done |= lengths >= limits
+        if done.all():
+            break
+        # A done row keeps feeding a token so the batch stays rectangular; nothing reads it.
+        tokens = np.where(done, c.pad_id, best)
+    decoded = [
+        out[i, : lengths[i] - int(finished[i])] for i in range(rows)
+    ]  # drop EOS, keep the rest
+    return Decoded(decoded, scores, finished)
+
+
+def beam_search(
+    start: StepperFactory,
+    c: TransformerConfig,
+    src: np.ndarray,
+    *,
+    beam: int = BEAM_SIZE,
+    alpha: float = LENGTH_PENALTY,
+    extra_len: int = EXTRA_LEN,
+) -> Decoded:
+    """Batched beam search (section 6.1: beam 4, alpha 0.6), as tensor2tensor runs it.
+
+    Each row keeps `beam` live hypotheses. Every step extends each by every token, and takes the
+    2 * beam best by log P: those ending in EOS join the row's finished list with score
+    log P / lp, the best `beam` others stay live. At the row's limit, the live ones are finished
+    as they are. A row stops once it has `beam` finished hypotheses and no live one can beat the
+    worst of them even at the limit (log P only falls; lp is largest at the limit).
+    """
+    check_search_args(beam, extra_len)
+    limits = row_limits(c, src, extra_len)
+    batch, k = src.shape[0], beam
+    stepper = start(src, k, int(limits.max()))
+    n = batch * k
+    live_tokens = np.zeros((n, 0), dtype=np.int64)  # generated so far, per live hypothesis
+    live_logp = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], batch)  # one start per row
+    feed = np.full(n, c.bos_id, dtype=np.int64)
+    finished: list[list[tuple[float, float, np.ndarray, bool]]] = [[] for _ in range(batch)]
+    row_done = np.zeros(batch, dtype=bool)
+    for t in range(int(limits.max())):
+        log_probs = log_softmax(stepper.step(feed))  # (n, V)
+        vocab = log_probs.shape[1]
+        total = (live_logp[:, None] + log_probs).reshape(batch, k * vocab)
+        order = np.argsort(-total, axis=1, kind="stable")[:, : 2 * k]  # (batch, 2k)
+        next_rows = np.zeros(n, dtype=np.int64)
+        next_tokens = np.full(n, c.pad_id, dtype=np.int64)
+        next_logp = np.full(n, -np.inf)
+        length = t + 1
+        for b in range(batch):
+            if row_done[b]:
+                next_rows[b * k : (b + 1) * k] = b * k  # anything: the row is ignored from now
+                continue
+            kept = 0
+            for flat in order[b]:
+                logp = total[b, flat]
+                if not np.isfinite(logp):
+                    break
+                source_row, token = b * k + flat // vocab, int(flat % vocab)
+                seq = np.append(live_tokens[source_row], token)
+                if token == c.eos_id:
+                    score = logp / length_penalty(length, alpha)
+                    finished[b].append((score, logp, seq[:-1], True))
+                elif kept < k:
+                    slot = b * k + kept
+                    next_rows[slot], next_tokens[slot], next_logp[slot] = source_row, token, logp
+                    kept += 1
+            if length >= limits[b]:  # the limit: live hypotheses are finished as they stand
+                for slot in range(b * k, b * k + kept):
+                    seq = np.append(live_tokens[next_rows[slot]], next_tokens[slot])
+                    score = next_logp[slot] / length_penalty(length, alpha)
+                    finished[b].append((score, next_logp[slot], seq, False))
+                row_done[b] = True
+            elif kept == 0:
+                row_done[b] = True
+            elif len(finished[b]) >= k:
+                worst = sorted(f[0] for f in finished[b])[-k]  # the k-th best finished score
+                best_possible = next_logp[b * k] / length_penalty(limits[b], alpha)
+                row_done[b] = best_possible <= worst
+        if row_done.all():
+            break
+        live_tokens = np.concatenate([live_tokens[next_rows], next_tokens[:, None]], axis=1)
+        live_logp = next_logp
+        stepper.reorder(next_rows)
+        feed = next_tokens
+    tokens, scores, ended = [], np.zeros(batch), np.zeros(batch, dtype=bool)
+    for b in range(batch):
+        if not finished[b]:  # no finite log-probability at all (weights holding NaN or Inf)
+            tokens.append(np.zeros(0, dtype=np.int64))
+            scores[b] = np.nan
+            continue
+        # The best score; among equal scores, the hypothesis found first.
+        best = min(range(len(finished[b])), key=lambda i: (-finished[b][i][0], i))
+        scores[b], _, seq, ended[b] = finished[b][best]
+        tokens.append(seq.astype(np.int64))
+    return Decoded(tokens, scores, ended)

@@ -1,0 +1,1 @@
+"""Files read from and written for a user, with their checks (no model knowledge)."""

@@ -1,0 +1,256 @@
+"""The NumPy float64 oracle: the executable spec of the model, in eval mode (no dropout).
+
+Clarity first: one function per equation of "Attention Is All You Need" (Vaswani et al. 2017),
+vectorised over batch and heads, no framework. Every implementation is tested against this file.
+
+Shapes: B batch, S source length, T target length, d d_model, h heads, k = d_k = d_model / h,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from scipy.special import erf
+
+from common.spec.config import TransformerConfig
+from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.names import embedding_names
+from common.spec.results import ForwardOutput
+
+Weights = Mapping[str, np.ndarray]
+
+
+# -- building blocks --------------------------------------------------------------------------
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """Layer normalisation (Ba et al. 2016) over the last axis.
+
+    (x - mean) / sqrt(var + eps) * scale + bias, with the population variance and eps inside the
+    square root (the Annotated Transformer adds eps to the std instead; we do not).
+    """
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+    """relu: max(0, x), Eq. (2). gelu: x * Phi(x) (Hendrycks & Gimpel 2016), exact erf form.
+    gelu_tanh: its tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+    if name == "gelu_tanh":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def sinusoidal_positions(length: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
+    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+
+    [length, d_model]. Layout "interleaved" is the equation as written. "concatenated" is a
+    deviation used by tensor2tensor and Marian: the same d/2 frequencies, every sin first and then
+    every cos (Marian's frequencies; tensor2tensor's differ slightly, see docs/FORMAT.md).
+    """
+    pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, d/2)
+    angle = pos / np.power(10000.0, two_i / d_model)  # (L, d/2)
+    table = np.empty((length, d_model))
+    if layout == "interleaved":
+        table[:, 0::2] = np.sin(angle)
+        table[:, 1::2] = np.cos(angle)
+    elif layout == "concatenated":
+        table[:, : d_model // 2] = np.sin(angle)
+        table[:, d_model // 2 :] = np.cos(angle)
+    else:
+        raise ValueError(f"unknown sinusoid layout {layout!r}")
+    return table
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    shifted = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def scaled_dot_product_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. (1), section 3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
+
+    q (B, h, Tq, k), k and v (B, h, Tk, k), mask broadcastable to (B, h, Tq, Tk), True = attend.
+    Returns (context (B, h, Tq, k), probabilities (B, h, Tq, Tk)).
+    Deviation, flagged: masked scores get the dtype's finite minimum (never -inf, which turns a
+    fully masked row into NaN), and probabilities are then zeroed where the mask is False, so a
+    query with no allowed key gets an all-zero row, not a uniform one.
+    """
+    d_k = q.shape[-1]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)  # (B, h, Tq, Tk)
+    scores = np.where(mask, scores, np.finfo(scores.dtype).min)
+    probs = np.where(mask, softmax(scores), 0.0)
+    return probs @ v, probs
+
+
+def multi_head_attention(
+    w: Weights, prefix: str, x_q: np.ndarray, x_kv: np.ndarray, mask: np.ndarray, has_bias: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i). Kernels are stored per head: [d, h, k]."""
+
+    def project(x: np.ndarray, name: str) -> np.ndarray:
+        y = np.einsum("btd,dhk->bhtk", x, w[f"{prefix}.{name}.kernel"])  # (B, h, T, k)
+        if has_bias:
+            y = y + w[f"{prefix}.{name}.bias"][None, :, None, :]
+        return y
+
+    q, k, v = project(x_q, "query"), project(x_kv, "key"), project(x_kv, "value")
+    context, probs = scaled_dot_product_attention(q, k, v, mask)
+    out = np.einsum("bhtk,hkd->btd", context, w[f"{prefix}.output.kernel"])  # (B, T, d)
+    if has_bias:
+        out = out + w[f"{prefix}.output.bias"]
+    return out, probs
+
+
+def feed_forward(w: Weights, prefix: str, x: np.ndarray, act: str) -> np.ndarray:
+    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU for ported models)."""
+    hidden = activation(
+        act, x @ w[f"{prefix}.intermediate.kernel"] + w[f"{prefix}.intermediate.bias"]
+    )
+    return hidden @ w[f"{prefix}.output.kernel"] + w[f"{prefix}.output.bias"]
+
+
+def norm(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
+    return layer_norm(x, w[f"{prefix}.scale"], w[f"{prefix}.bias"], c.layer_norm_eps)
+
+
+def sublayer_input(w: Weights, norm_prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
+    """What a sublayer reads: x itself in post-norm; LayerNorm(x) in pre-norm (a deviation from
+    the paper, Wang et al. 2019, flagged here)."""
+    return norm(w, norm_prefix, x, c) if c.norm_position == "pre" else x
+
+
+def residual(
+    w: Weights, norm_prefix: str, x: np.ndarray, out: np.ndarray, c: TransformerConfig
+) -> np.ndarray:
+    """Section 3.1: LayerNorm(x + Sublayer(x)) in post-norm; x + Sublayer(LayerNorm(x)) in pre-norm."""
+    return norm(w, norm_prefix, x + out, c) if c.norm_position == "post" else x + out
+
+
+def embed(
+    w: Weights, table: str, position_table: str, ids: np.ndarray, c: TransformerConfig
+) -> np.ndarray:
+    """Section 3.4 and 3.5: E[ids] * sqrt(d_model) + PE[positions], positions 0..L-1."""
+    x = w[table][ids]  # (B, L, d)
+    if c.scale_embeddings:
+        x = x * np.sqrt(c.d_model)
+    length = ids.shape[1]
+    if c.position_kind == "sinusoidal":
+        pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout)
+    else:
+        pe = w[position_table][:length]
+    return x + pe[None]
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def encode(
+    w: Weights, c: TransformerConfig, src: np.ndarray
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """Section 3.1, encoder: N layers of [self-attention, feed-forward], each in a residual.
+
+    Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
+    output and each layer's output, before the final norm)."""
+    mask = encoder_self_mask(src, c.pad_id)
+    x = embed(w, embedding_names(c)["source"], "encoder.position_embedding", src, c)
+    attentions, hidden = [], [x]
+    for i in range(c.num_encoder_layers):
+        p = f"encoder.layers.{i}"
+        y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
+        out, probs = multi_head_attention(w, f"{p}.self_attention", y, y, mask, c.attention_bias)
+        x = residual(w, f"{p}.self_attention_norm", x, out, c)
+
+        y = sublayer_input(w, f"{p}.feed_forward_norm", x, c)
+        x = residual(
+            w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c.activation), c
+        )
+        attentions.append(probs)
+        hidden.append(x)
+    if c.final_norm:
+        x = norm(w, "encoder.final_norm", x, c)
+    return x, attentions, hidden
+
+
+def decode(
+    w: Weights, c: TransformerConfig, tgt_in: np.ndarray, memory: np.ndarray, src: np.ndarray
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Section 3.1, decoder: N layers of [masked self-attention, cross-attention over the encoder
+    output, feed-forward]. Returns (output (B, T, d), self probs, cross probs, hidden states)."""
+    self_mask = decoder_self_mask(tgt_in, c.pad_id)
+    memory_mask = cross_mask(src, c.pad_id)
+    x = embed(w, embedding_names(c)["target"], "decoder.position_embedding", tgt_in, c)
+    self_attn, cross_attn, hidden = [], [], [x]
+    for i in range(c.num_decoder_layers):
+        p = f"decoder.layers.{i}"
+        y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
+        out, s_probs = multi_head_attention(
+            w, f"{p}.self_attention", y, y, self_mask, c.attention_bias
+        )
+        x = residual(w, f"{p}.self_attention_norm", x, out, c)
+
+        y = sublayer_input(w, f"{p}.cross_attention_norm", x, c)
+        out, c_probs = multi_head_attention(
+            w, f"{p}.cross_attention", y, memory, memory_mask, c.attention_bias
+        )
+        x = residual(w, f"{p}.cross_attention_norm", x, out, c)
+
+        y = sublayer_input(w, f"{p}.feed_forward_norm", x, c)
+        x = residual(
+            w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c.activation), c
+        )
+        self_attn.append(s_probs)
+        cross_attn.append(c_probs)
+        hidden.append(x)
+    if c.final_norm:
+        x = norm(w, "decoder.final_norm", x, c)
+    return x, self_attn, cross_attn, hidden
+
+
+def output_logits(w: Weights, c: TransformerConfig, y: np.ndarray) -> np.ndarray:
+    """Section 3.4: the pre-softmax linear transformation, y W_out (+ b). Tied: W_out = E^T."""
+    name = embedding_names(c)["output"]
+    kernel = w[name].T if c.tie_output else w[name]
+    logits = y @ kernel
+    if c.output_bias:
+        logits = logits + w["output.bias"]
+    return logits
+
+
+def forward(
+    weights: Weights,
+    c: TransformerConfig,
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    *,
+    hidden_states: bool = False,
+) -> ForwardOutput:
+    """The whole model in float64: logits (B, T, V), encoder output and every attention map.
+
+    `src` and `tgt_in` are int arrays (B, S) and (B, T); `tgt_in` is the decoder input, i.e. the
+    target already shifted right behind BOS (common.spec.masks.shift_right).
+    """
+    w = {name: np.asarray(t, dtype=np.float64) for name, t in weights.items()}
+    memory, enc_attn, enc_hidden = encode(w, c, src)
+    y, self_attn, cross_attn, dec_hidden = decode(w, c, tgt_in, memory, src)
+    return ForwardOutput(
+        logits=output_logits(w, c, y),
+        encoder_output=memory,
+        encoder_self_attention=enc_attn,
+        decoder_self_attention=self_attn,
+        cross_attention=cross_attn,
+        encoder_hidden_states=enc_hidden if hidden_states else None,
+        decoder_hidden_states=dec_hidden if hidden_states else None,
+    )

@@ -1,0 +1,209 @@
+"""`rosetta convert`: move weights between the shared format, each framework's native checkpoint,
+and outside models (torch.nn.Transformer, Hugging Face Marian).
+
+Every conversion reads and validates the whole source first (all problems at once), then writes
+atomically, and never overwrites the destination unless asked to. Framework files are read and
+written through the backend registry, so this module imports no framework itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.adapter.backends import get_backend
+from common.errors import RosettaError
+from common.files.outputs import check_free_space, check_output_file
+from common.files.safe_read import regular_file, shown
+from common.spec.config import TransformerConfig
+from common.spec.dtypes import dtype_name
+from common.spec.names import parameter_count
+from common.weights.format import check_finite, check_tensors, load_weights, save_weights
+
+# kind -> the backend whose native checkpoint it is
+NATIVE_KINDS = {"torch": "torch", "keras": "tf", "flax": "jax"}
+IMPORT_KINDS = ("nn-transformer", "marian")
+KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
+SUFFIXES = {
+    ".safetensors": "rosetta",
+    ".weights.h5": "keras",
+    ".msgpack": "flax",
+    ".pt": "torch",
+    ".bin": "torch",
+}
+
+
+class ConvertError(RosettaError):
+    """A conversion that cannot be done as asked (kind, config, destination)."""
+
+
+@dataclass(frozen=True)
+class Converted:
+    src: str
+    dst: str
+    from_kind: str
+    to_kind: str
+    config: TransformerConfig
+    tensors: int
+    parameters: int
+    dtype: str
+
+    def summary(self) -> str:
+        return (
+            f"converted {self.src} ({self.from_kind}) -> {self.dst} ({self.to_kind}): "
+            f"{self.tensors} tensors, {self.parameters:,} parameters, {self.dtype}"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)
+    except OSError:
+        return False
+
+
+def kind_from_suffix(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix, kind in sorted(SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+def infer_source_kind(path: Path) -> str:
+    """The kind of an existing source, from its suffix and, where the suffix is shared by two
+    kinds (a torch .pt/.bin is ours or an nn.Transformer's), from the tensor names inside."""
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return "marian"
+        raise ConvertError(
+            f"{path}: a folder without config.json; --from marian expects a "
+            "Hugging Face model folder"
+        )
+    kind = kind_from_suffix(path)
+    if kind is None:
+        raise ConvertError(
+            f"{path}: cannot tell its kind from the name; give --from ({', '.join(KINDS)})"
+        )
+    if kind == "torch":
+        names = get_backend("torch").read_tensors(path)
+        if any(".self_attn.in_proj_weight" in n for n in names):
+            return "nn-transformer"
+    return kind
+
+
+def infer_destination_kind(path: Path) -> str:
+    kind = kind_from_suffix(path)
+    if kind is None:
+        raise ConvertError(
+            f"{path}: cannot tell the kind to write from the name (.safetensors, .pt, "
+            ".weights.h5, .msgpack); give --to"
+        )
+    return kind
+
+
+def read_source(
+    path: Path, kind: str, config: TransformerConfig | None
+) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """(config, canonical tensors) from a source of `kind`, fully validated."""
+    if kind == "rosetta":
+        wf = load_weights(path, config=config)
+        return wf.config, wf.tensors
+    if kind == "marian":
+        from common.porting import marian
+
+        hf_config, tensors = marian.read_marian_dir(path)
+        found = marian.marian_config(hf_config)
+        if config is not None and config != found:
+            raise ConvertError(
+                "--config does not apply to a Marian folder: its config.json is read"
+            )
+        return found, marian.marian_to_canonical(tensors, found)
+    if config is None:
+        what = {"nn-transformer": "a torch.nn.Transformer state_dict"}.get(
+            kind, f"a {kind} checkpoint"
+        )
+        raise ConvertError(
+            f"--config FILE.json is required: {what} does not carry the model's config "
+            "(heads, activation, norm position, eps, position kind)"
+        )
+    if kind == "nn-transformer":
+        from common.porting.nn_transformer import nn_transformer_to_canonical
+
+        return config, nn_transformer_to_canonical(get_backend("torch").read_tensors(path), config)
+    return config, get_backend(NATIVE_KINDS[kind]).load_native(path, config)
+
+
+def write_destination(
+    path: Path,
+    kind: str,
+    config: TransformerConfig,
+    tensors: Mapping[str, np.ndarray],
+    producer: str,
+) -> None:
+    if kind == "rosetta":
+        save_weights(path, tensors, config, producer=producer)
+    elif kind in NATIVE_KINDS:
+        get_backend(NATIVE_KINDS[kind]).save_native(path, config, tensors)
+    else:
+        raise ConvertError(
+            f"--to {kind}: {kind} is import-only; write rosetta, torch, keras or flax"
+        )
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    from_kind: str | None = None,
+    to_kind: str | None = None,
+    config: TransformerConfig | None = None,
+    force: bool = False,
+    allow_nonfinite: bool = False,
+    also_read: Sequence[str | Path | None] = (),
+) -> Converted:
+    """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
+    Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
+    other files the caller read (a config), which `dst` may not be either."""
+    for what, name in (("SRC", src), ("DST", dst)):
+        if not os.fspath(name):  # Path("") would be the current folder
+            raise ConvertError(f"{what}: the file name is empty")
+    src, dst = Path(src), Path(dst)
+    if not src.exists():
+        if src.is_symlink():  # a dangling link or a loop: say which
+            regular_file(src, "a file to convert")
+        raise ConvertError(f"{shown(src)}: no such file or folder")
+    if not src.is_dir():  # a FIFO or device is refused from its stat, never opened
+        regular_file(src, "a file to convert")
+    if dst.exists() and force and _same_file(src, dst):
+        raise ConvertError("source and destination are the same file")
+    dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
+    from_kind = from_kind or infer_source_kind(src)
+    to_kind = to_kind or infer_destination_kind(dst)
+    if to_kind in IMPORT_KINDS:
+        raise ConvertError(
+            f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras or flax"
+        )
+    model_config, tensors = read_source(src, from_kind, config)
+    check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
+    check_finite(src, tensors, allow_nonfinite)
+    # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
+    check_free_space(dst.parent, sum(np.asarray(t).nbytes for t in tensors.values()), "DST")
+    write_destination(
+        dst, to_kind, model_config, tensors, producer=f"rosetta convert from {from_kind}"
+    )
+    first = next(iter(tensors.values()))
+    return Converted(
+        str(src),
+        str(dst),
+        from_kind,
+        to_kind,
+        model_config,
+        len(tensors),
+        parameter_count(model_config),
+        dtype_name(first.dtype),
+    )

@@ -1,0 +1,669 @@
+"""Import a Hugging Face MarianMTModel folder (`config.json` + `model.safetensors`, or a
+`pytorch_model.bin` read with `weights_only`), as numpy, with no framework imported here.
+
+Marian (Junczys-Dowmunt et al. 2018, as ported to transformers) is the base Transformer of
+"Attention Is All You Need" with these choices, each mapped onto a field of our spec:
+- post-LN (section 3.1), no final norm and no embedding LayerNorm: norm_position="post",
+  final_norm=false. Its per-layer `final_layer_norm` is the feed-forward sublayer's norm, not a
+  stack-final norm.
+- every LayerNorm is `nn.LayerNorm(d_model)` with torch's default eps: layer_norm_eps=1e-5.
+- static sinusoidal positions, every sin first and then every cos, with the frequencies of Eq. (5):
+  position_kind="sinusoidal", sinusoid_layout="concatenated". The table is a constant, so it is
+  not a canonical tensor; when a file carries it (older checkpoints), it is checked against
+  `common.oracle.reference.sinusoidal_positions` and dropped.
+- `scale_embedding` -> scale_embeddings (x sqrt(d_model), section 3.4); MarianConfig defaults it
+  to false, the converted OPUS-MT models set it to true.
+- `final_logits_bias` [1, V], always added to the logits: output_bias=true. transformers lists it
+  as ignorable when missing and then uses zeros; so do we.
+- q_proj's output is scaled by d_k^-0.5 inside the attention (`scaling`); that is Eq. (1)'s
+  1/sqrt(d_k), applied before instead of after Q K^T, so the weights are copied unscaled.
+- the decoder starts from `decoder_start_token_id`, which Marian sets to the pad id: bos_id may
+  equal pad_id, and our decoder never masks position 0 (common.spec.masks.decoder_key_padding_mask).
+
+Embedding sharing and tying follow what transformers 5 computes, not what the flags suggest:
+`share_encoder_decoder_embeddings` ties the encoder, decoder and output matrices to
+`model.shared` only together with `tie_word_embeddings`. With sharing on and tying off, the three
+are independent parameters (`model.shared` is then unused), so the import is untied and unshared.
+Older files that stored only `model.shared.weight` still import: it is the fallback for a
+missing `embed_tokens`.
+
+Anything our spec cannot express is refused with a ConfigError that names the Marian field.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+
+from common.errors import BackendUnavailable, ConfigError, WeightFileError
+from common.files.safe_read import (
+    MAX_CONFIG_BYTES,
+    FileProblem,
+    MissingFile,
+    brief,
+    is_int,
+    json_type,
+    os_problem,
+    read_json,
+    shown,
+    type_problem,
+)
+from common.oracle.reference import sinusoidal_positions
+from common.spec.config import TransformerConfig
+from common.spec.names import TensorSpec, canonical_specs, embedding_names
+from common.weights.format import dtype_problems, read_header
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+TORCH_FILE = "pytorch_model.bin"
+
+# torch.nn.LayerNorm's default; every Marian LayerNorm is built without an eps argument.
+LAYER_NORM_EPS = 1e-5
+
+# MarianConfig's defaults (transformers 5.23, configuration_marian.py) for the keys read here;
+# config.json may omit a key that equals its default.
+HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 58101,
+    "decoder_vocab_size": None,  # None means vocab_size
+    "max_position_embeddings": 1024,
+    "encoder_layers": 12,
+    "encoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16,
+    "decoder_layers": 12,
+    "decoder_ffn_dim": 4096,
+    "decoder_attention_heads": 16,
+    "encoder_layerdrop": 0.0,
+    "decoder_layerdrop": 0.0,
+    "activation_function": "gelu",
+    "d_model": 1024,
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "decoder_start_token_id": 58100,
+    "scale_embedding": False,
+    "pad_token_id": 58100,
+    "eos_token_id": 0,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+}
+
+# transformers' ACT2FN names -> ours. gelu_fast and gelu_accurate are the tanh form with
+# sqrt(2/pi) written as a constant (0.7978845608, 3e-12 off); gelu_python is the erf form.
+ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh",
+}
+
+# Keys of older (BART-era) Marian configs. MarianMTModel ignores them and always computes the
+# value on the right; a file that says otherwise was made for a different model, so it is refused
+# rather than imported as something that neither model computes.
+LEGACY_KEYS: dict[str, tuple[Any, str]] = {
+    "normalize_before": (False, "MarianMTModel is post-LN (LayerNorm after each residual)"),
+    "add_final_layer_norm": (False, "MarianMTModel has no final encoder/decoder LayerNorm"),
+    "normalize_embedding": (False, "MarianMTModel has no LayerNorm on the embeddings"),
+    "layernorm_embedding": (False, "MarianMTModel has no LayerNorm on the embeddings"),
+    "static_position_embeddings": (True, "MarianMTModel has fixed sinusoidal positions only"),
+    "add_bias_logits": (False, "MarianMTModel's only logits bias is final_logits_bias"),
+}
+
+# Training-time knobs our spec has no field for. They do not change an eval forward pass, but a
+# config we write must reproduce the model, so a nonzero value is refused rather than dropped.
+UNEXPRESSIBLE_ZEROS = {
+    "activation_dropout": "dropout inside the feed-forward, after the activation",
+    "encoder_layerdrop": "LayerDrop (Fan et al. 2019) over encoder layers",
+    "decoder_layerdrop": "LayerDrop (Fan et al. 2019) over decoder layers",
+}
+
+# Our config field -> the Marian key it comes from, to name the user's field in messages.
+HF_FIELD = {
+    "src_vocab_size": "vocab_size",
+    "tgt_vocab_size": "decoder_vocab_size",
+    "d_model": "d_model",
+    "num_heads": "encoder_attention_heads",
+    "d_ff": "encoder_ffn_dim",
+    "num_encoder_layers": "encoder_layers",
+    "num_decoder_layers": "decoder_layers",
+    "max_len": "max_position_embeddings",
+    "dropout": "dropout",
+    "attention_dropout": "attention_dropout",
+    "activation": "activation_function",
+    "scale_embeddings": "scale_embedding",
+    "share_embeddings": "share_encoder_decoder_embeddings",
+    "tie_output": "tie_word_embeddings",
+    "pad_id": "pad_token_id",
+    "bos_id": "decoder_start_token_id",
+    "eos_id": "eos_token_id",
+}
+
+POSITION_KEYS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+SHARED = "model.shared.weight"
+ENCODER_EMBEDDING = "model.encoder.embed_tokens.weight"
+DECODER_EMBEDDING = "model.decoder.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+LOGITS_BIAS = "final_logits_bias"
+
+
+# -- reading the folder --------------------------------------------------------------------------
+
+
+def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(config.json as a dict, {name: array}) from a Hugging Face model folder.
+
+    model.safetensors is read with safetensors' numpy API. Without it, pytorch_model.bin is read
+    through the torch backend's `read_tensors` (torch.load with weights_only=True: loading never
+    runs code). Raises ConfigError for a missing or malformed config.json and WeightFileError for
+    a missing folder or weight file.
+    """
+    folder = Path(path)
+    try:
+        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
+    except FileNotFoundError:
+        raise WeightFileError(shown(folder), ["no such folder"]) from None
+    except (OSError, ValueError) as exc:  # a symbolic-link loop, no permission, a NUL in the name
+        problem = os_problem(exc) if isinstance(exc, OSError) else "not a valid folder name"
+        raise WeightFileError(shown(folder), [problem]) from None
+    if not is_folder:
+        raise WeightFileError(
+            shown(folder),
+            [
+                "not a folder; a Hugging Face Marian model is a folder with config.json and "
+                f"{SAFETENSORS_FILE} (or {TORCH_FILE})"
+            ],
+        )
+    hf_config = _read_config_json(folder / CONFIG_FILE)
+    safetensors_path, torch_path = folder / SAFETENSORS_FILE, folder / TORCH_FILE
+    # lexists, not is_file: a weight file that is a FIFO or a broken link is named as such by
+    # the reader (which refuses it unopened) rather than reported absent.
+    if os.path.lexists(safetensors_path):
+        return hf_config, _read_safetensors(safetensors_path)
+    if os.path.lexists(torch_path):
+        return hf_config, _read_torch_bin(torch_path)
+    sharded = sorted(p.name for p in folder.glob("*.index.json"))
+    if sharded:
+        problem = f"sharded checkpoints ({', '.join(sharded)}) are not supported; save unsharded"
+    else:
+        problem = f"neither {SAFETENSORS_FILE} nor {TORCH_FILE} is in this folder"
+    raise WeightFileError(str(folder), [problem])
+
+
+def _read_config_json(path: Path) -> dict[str, Any]:
+    """config.json as a dict: a regular UTF-8 file of at most MAX_CONFIG_BYTES, depth-limited."""
+    try:
+        data = read_json(path, "a Hugging Face config.json", MAX_CONFIG_BYTES)
+    except MissingFile:
+        raise ConfigError(
+            [f"{shown(path)}: missing; a Hugging Face model folder has a config.json"]
+        ) from None
+    except FileProblem as exc:
+        raise ConfigError([str(exc)]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{shown(path)}: must hold a JSON object, got {json_type(data)}"])
+    return data
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    read_header(path)  # names a file that is not safetensors, or is truncated, precisely
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for corrupt data
+        raise WeightFileError(
+            shown(path), [f"cannot read tensors ({shown(str(exc))[:200]})"]
+        ) from None
+
+
+def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
+    from common.adapter.backends import get_backend
+
+    try:
+        backend = get_backend("torch")
+    except BackendUnavailable as exc:
+        raise WeightFileError(
+            str(path), [f"reading {TORCH_FILE} needs torch ({exc}); or save as {SAFETENSORS_FILE}"]
+        ) from None
+    return dict(backend.read_tensors(path))
+
+
+# -- the config ---------------------------------------------------------------------------------
+
+
+def _get(hf: Mapping[str, Any], key: str) -> Any:
+    return hf.get(key, HF_DEFAULTS.get(key))
+
+
+def _token_id(hf: Mapping[str, Any], key: str, problems: list[str]) -> int:
+    value = _get(hf, key)
+    if isinstance(value, list) and len(value) == 1:  # eos_token_id may be a one-id list
+        value = value[0]
+    if not is_int(value):
+        problems.append(f"{key}: must be one token id (an integer), got {brief(value)}")
+        return 0
+    return value
+
+
+# The JSON type of every config.json key read here (token ids are checked by _token_id). A
+# wrong type is refused first, naming the key: the checks after this assume these types.
+HF_TYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "max_position_embeddings",
+            "encoder_layers",
+            "encoder_ffn_dim",
+            "encoder_attention_heads",
+            "decoder_layers",
+            "decoder_ffn_dim",
+            "decoder_attention_heads",
+            "d_model",
+        ),
+        ("an integer",),
+    ),
+    "decoder_vocab_size": ("an integer", "null"),
+    **dict.fromkeys(
+        (
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "encoder_layerdrop",
+            "decoder_layerdrop",
+        ),
+        ("a number",),
+    ),
+    "activation_function": ("a string",),
+    "model_type": ("a string",),
+    **dict.fromkeys(
+        ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings"),
+        ("true or false",),
+    ),
+}
+
+
+def hf_type_problems(hf: Mapping[str, Any]) -> list[str]:
+    """'key: must be an integer, got a string '512'' for every key of HF_TYPES in `hf` whose
+    JSON type is wrong."""
+    problems = []
+    for key, expected in HF_TYPES.items():
+        if key in hf:
+            problem = type_problem(key, hf[key], *expected)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
+    """Our config for the model that transformers' MarianMTModel builds from `hf` (config.json).
+
+    The mapping is in the module docstring. Every field it cannot express is refused, all at
+    once, in one ConfigError naming the Marian key; a key of the wrong JSON type is refused
+    before anything else.
+    """
+    if not isinstance(hf, Mapping):
+        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
+    type_problems = hf_type_problems(hf)
+    if type_problems:
+        raise ConfigError(type_problems)
+    problems: list[str] = []
+    model_type = hf.get("model_type")
+    if model_type != "marian":
+        problems.append(
+            f"model_type: {brief(model_type)} is not a Marian model (expected 'marian')"
+        )
+    for key, (ok, why) in LEGACY_KEYS.items():
+        if key in hf and hf[key] != ok:
+            problems.append(f"{key}: {brief(hf[key])} is not supported; {why}")
+    for key, what in UNEXPRESSIBLE_ZEROS.items():
+        value = _get(hf, key)
+        if value:
+            problems.append(
+                f"{key}: {brief(value)} ({what}) has no field in our spec; set it to 0 to import "
+                "(it changes training only)"
+            )
+    heads = {k: _get(hf, k) for k in ("encoder_attention_heads", "decoder_attention_heads")}
+    if len(set(heads.values())) > 1:
+        problems.append(
+            f"encoder_attention_heads ({heads['encoder_attention_heads']}) and "
+            f"decoder_attention_heads ({heads['decoder_attention_heads']}) differ; our spec has "
+            "one num_heads"
+        )
+    ffn = {k: _get(hf, k) for k in ("encoder_ffn_dim", "decoder_ffn_dim")}
+    if len(set(ffn.values())) > 1:
+        problems.append(
+            f"encoder_ffn_dim ({ffn['encoder_ffn_dim']}) and decoder_ffn_dim "
+            f"({ffn['decoder_ffn_dim']}) differ; our spec has one d_ff"
+        )
+    act = _get(hf, "activation_function")
+    if act not in ACTIVATIONS:
+        problems.append(
+            f"activation_function: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
+        )
+
+    vocab = _get(hf, "vocab_size")
+    decoder_vocab = _get(hf, "decoder_vocab_size") or vocab
+    share = bool(_get(hf, "share_encoder_decoder_embeddings"))
+    tie = bool(_get(hf, "tie_word_embeddings"))
+    if share and decoder_vocab != vocab:
+        problems.append(
+            f"decoder_vocab_size: {decoder_vocab} differs from vocab_size {vocab}, but "
+            "share_encoder_decoder_embeddings is true (one matrix cannot have both sizes)"
+        )
+    pad_id = _token_id(hf, "pad_token_id", problems)
+    bos_id = _token_id(hf, "decoder_start_token_id", problems)
+    eos_id = _token_id(hf, "eos_token_id", problems)
+    if problems:
+        raise ConfigError(problems)
+
+    # transformers 5 ties encoder, decoder and output to model.shared only when both flags are on.
+    shared = share and tie
+    fields = {
+        "src_vocab_size": vocab,
+        "tgt_vocab_size": vocab if share else decoder_vocab,
+        "d_model": _get(hf, "d_model"),
+        "num_heads": heads["encoder_attention_heads"],
+        "d_ff": ffn["encoder_ffn_dim"],
+        "num_encoder_layers": _get(hf, "encoder_layers"),
+        "num_decoder_layers": _get(hf, "decoder_layers"),
+        "max_len": _get(hf, "max_position_embeddings"),
+        "dropout": _get(hf, "dropout"),
+        "attention_dropout": _get(hf, "attention_dropout"),
+        "norm_position": "post",
+        "final_norm": False,
+        "layer_norm_eps": LAYER_NORM_EPS,
+        "activation": ACTIVATIONS[act],
+        "position_kind": "sinusoidal",
+        "sinusoid_layout": "concatenated",
+        "scale_embeddings": bool(_get(hf, "scale_embedding")),
+        "share_embeddings": shared,
+        "tie_output": tie,
+        "output_bias": True,
+        "attention_bias": True,
+        "pad_id": pad_id,
+        "bos_id": bos_id,
+        "eos_id": eos_id,
+    }
+    try:
+        return TransformerConfig(**fields)
+    except ConfigError as exc:  # name the Marian key behind each of our fields
+        raise ConfigError([_name_marian_key(p) for p in exc.problems]) from None
+
+
+def _name_marian_key(problem: str) -> str:
+    ours, sep, rest = problem.partition(":")
+    if sep and ours in HF_FIELD:
+        return f"{ours} (Marian {HF_FIELD[ours]}):{rest}"
+    return problem
+
+
+# -- the tensors ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How one Marian tensor becomes a canonical one: the native shape it must have, the
+    conversion and its description (for the docs table)."""
+
+    describe: str
+    native_shape: Callable[[TensorSpec], tuple[int, ...]]
+    apply: Callable[[np.ndarray, TensorSpec], np.ndarray]
+
+
+TRANSFORMS: dict[str, Transform] = {
+    # nn.Linear stores [out, in] for y = x W^T + b; canonical kernels are [in, out].
+    "heads_in": Transform(
+        "transposed and split into heads, [d_model, h, d_k]",
+        lambda s: (s.fan_out, s.fan_in),
+        lambda a, s: a.T.reshape(s.shape),  # (h*d_k, d) -> (d, h*d_k) -> (d, h, d_k)
+    ),
+    "heads_bias": Transform(
+        "split into heads, [h, d_k]",
+        lambda s: (s.shape[0] * s.shape[1],),
+        lambda a, s: a.reshape(s.shape),  # (h*d_k,) -> (h, d_k)
+    ),
+    "heads_out": Transform(
+        "transposed and reshaped to [h, d_k, d_model]",
+        lambda s: (s.fan_out, s.fan_in),
+        lambda a, s: a.T.reshape(s.shape),  # (d, h*d_k) -> (h*d_k, d) -> (h, d_k, d)
+    ),
+    "transpose": Transform(
+        "transposed ([out, in] -> [in, out])", lambda s: (s.fan_out, s.fan_in), lambda a, s: a.T
+    ),
+    "copy": Transform("as is", lambda s: s.shape, lambda a, s: a),
+    "scale": Transform("as is (LayerNorm weight -> scale)", lambda s: s.shape, lambda a, s: a),
+    "logits_bias": Transform(
+        "row 0 of [1, V]; zeros when absent (as transformers does)",
+        lambda s: (1, s.shape[0]),
+        lambda a, s: a[0],
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one canonical tensor comes from. `key` is read; when absent, the first present of
+    `copies` then `fallbacks` is. Every present copy must equal what was read (a tied matrix
+    saved under several names); fallbacks are used only when nothing else is there."""
+
+    key: str
+    transform: str
+    copies: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    optional: bool = False  # absent -> zeros (final_logits_bias only)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *self.copies, *self.fallbacks)
+
+
+# Canonical sublayer -> Marian submodule. Marian's `final_layer_norm` is the feed-forward norm of
+# each layer (BART naming), not a final norm of the stack.
+SUBMODULES = {
+    "self_attention": "self_attn",
+    "self_attention_norm": "self_attn_layer_norm",
+    "cross_attention": "encoder_attn",
+    "cross_attention_norm": "encoder_attn_layer_norm",
+    "feed_forward.intermediate": "fc1",
+    "feed_forward.output": "fc2",
+    "feed_forward_norm": "final_layer_norm",
+}
+PROJECTIONS = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "out_proj"}
+
+
+def _layer_source(stack: str, index: str, rest: str) -> Source:
+    """`rest` is the canonical name inside one layer, e.g. 'self_attention.query.kernel'."""
+    for sublayer, module in SUBMODULES.items():
+        if not rest.startswith(sublayer + "."):
+            continue
+        prefix = f"model.{stack}.layers.{index}.{module}"
+        leaf = rest[len(sublayer) + 1 :]
+        if sublayer.endswith("_attention"):
+            proj, _, kind = leaf.partition(".")
+            key = f"{prefix}.{PROJECTIONS[proj]}.{'weight' if kind == 'kernel' else 'bias'}"
+            if proj == "output":
+                return Source(key, "heads_out" if kind == "kernel" else "copy")
+            return Source(key, "heads_in" if kind == "kernel" else "heads_bias")
+        if sublayer.endswith("_norm"):
+            return (
+                Source(f"{prefix}.weight", "scale")
+                if leaf == "scale"
+                else Source(f"{prefix}.bias", "copy")
+            )
+        if leaf == "kernel":  # fc1 / fc2
+            return Source(f"{prefix}.weight", "transpose")
+        return Source(f"{prefix}.bias", "copy")
+    raise AssertionError(f"no Marian submodule for {stack} layer tensor {rest!r}")
+
+
+def source_of(spec: TensorSpec, c: TransformerConfig) -> Source:
+    """The Marian tensor behind canonical tensor `spec` (the one table of this importer)."""
+    emb = embedding_names(c)
+    name = spec.name
+    if c.share_embeddings and name == emb["source"]:
+        # One matrix, saved once (safetensors drops aliases) or under every tied name (.bin).
+        copies = (ENCODER_EMBEDDING, DECODER_EMBEDDING) + ((LM_HEAD,) if c.tie_output else ())
+        return Source(SHARED, "copy", copies=copies)
+    if name == emb["source"]:
+        return Source(ENCODER_EMBEDDING, "copy", fallbacks=(SHARED,))
+    if name == emb["target"]:
+        copies = (LM_HEAD,) if c.tie_output else ()
+        return Source(DECODER_EMBEDDING, "copy", copies=copies, fallbacks=(SHARED,))
+    if name == "output.kernel":
+        return Source(LM_HEAD, "transpose")
+    if name == "output.bias":
+        return Source(LOGITS_BIAS, "logits_bias", optional=True)
+    stack, _, rest = name.partition(".")
+    _, index, inner = rest.split(".", 2)  # "layers", i, rest of the name
+    return _layer_source(stack, index, inner)
+
+
+def _sources(c: TransformerConfig) -> Iterator[tuple[TensorSpec, Source]]:
+    # A config that no MarianMTModel has (build it with marian_config) would make us read the
+    # file as a different model; these are the fields that have no tensor to catch the mistake.
+    marian_only = {
+        "position_kind": "sinusoidal",
+        "sinusoid_layout": "concatenated",
+        "final_norm": False,
+        "output_bias": True,
+        "attention_bias": True,
+    }
+    wrong = [f"{k}: a Marian model has {v!r}" for k, v in marian_only.items() if getattr(c, k) != v]
+    if wrong:
+        raise ConfigError(wrong)
+    for spec in canonical_specs(c):
+        yield spec, source_of(spec, c)
+
+
+def _first_present(src: Source, arrays: Mapping[str, np.ndarray]) -> str | None:
+    return next((k for k in src.keys if k in arrays), None)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def position_problems(arrays: Mapping[str, np.ndarray], c: TransformerConfig) -> list[str]:
+    """A stored position table must be the sinusoid table we compute, to the file's precision.
+
+    transformers builds it in float64 and rounds it to the weights' dtype, so the bound is one
+    unit in the last place of that dtype for values in [-1, 1] (the machine epsilon)."""
+    problems = []
+    for key in POSITION_KEYS:
+        if key not in arrays:
+            continue
+        table = np.asarray(arrays[key])
+        if table.shape != (c.max_len, c.d_model):
+            problems.append(
+                f"wrong shape for {key}: file has {list(table.shape)}, config needs "
+                f"{[c.max_len, c.d_model]}"
+            )
+            continue
+        want = sinusoidal_positions(c.max_len, c.d_model, "concatenated")
+        gap = float(np.max(np.abs(table.astype(np.float64) - want))) if table.size else 0.0
+        bound = float(np.finfo(table.dtype).eps) if table.dtype.kind == "f" else 0.0
+        if not gap <= bound:
+            problems.append(
+                f"{key} is not the concatenated sinusoid table (max difference {gap:.3g} > "
+                f"{bound:.3g}); learned or other positions cannot be imported"
+            )
+    return problems
+
+
+def marian_to_canonical(
+    tensors: Mapping[str, np.ndarray],
+    config: TransformerConfig,
+    source: str = "<Marian weights>",
+) -> dict[str, np.ndarray]:
+    """Canonical tensors, in canonical order and each in its own dtype, from a MarianMTModel
+    state dict (names as in its model.safetensors) for `config` from `marian_config`.
+
+    Reports every missing, unexpected, wrong-shaped and wrong-dtype tensor, every broken tie and
+    a position table that is not our sinusoid table, at once, in one WeightFileError labelled
+    `source`.
+    """
+    arrays = {k: np.asarray(v) for k, v in tensors.items()}
+    sources = list(_sources(config))
+
+    problems: list[str] = []
+    used: dict[str, str] = {}  # canonical name -> key read
+    missing = []
+    for spec, src in sources:
+        key = _first_present(src, arrays)
+        if key is None:
+            if not src.optional:
+                missing.append(src.key)
+            continue
+        used[spec.name] = key
+    known = {k for _, src in sources for k in src.keys} | set(POSITION_KEYS)
+    unexpected = sorted(k for k in arrays if k not in known)
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected)}")
+        if not any(k.startswith("model.") for k in arrays):
+            problems.append(
+                "no name starts with 'model.': this looks like a MarianModel without its LM head; "
+                "a MarianMTModel folder is needed"
+            )
+    for spec, src in sources:
+        key = used.get(spec.name)
+        if key is None:
+            continue
+        shape = TRANSFORMS[src.transform].native_shape(spec)
+        if arrays[key].shape != shape:
+            problems.append(
+                f"wrong shape for {key}: file has {list(arrays[key].shape)}, config needs "
+                f"{list(shape)}"
+            )
+        for copy in src.copies:
+            if copy != key and copy in arrays and not _same(arrays[copy], arrays[key]):
+                problems.append(
+                    f"{copy} differs from {key}, but transformers ties them "
+                    "(share_encoder_decoder_embeddings / tie_word_embeddings)"
+                )
+    problems += position_problems(arrays, config)
+    problems += dtype_problems(
+        {k: (arrays[k].dtype.name, arrays[k].shape) for k in sorted(set(used.values()))}
+    )
+    if problems:
+        raise WeightFileError(source, problems)
+
+    out: dict[str, np.ndarray] = {}
+    dtype = arrays[used[sources[0][0].name]].dtype  # the embedding's: one dtype per file
+    for spec, src in sources:
+        if spec.name in used:
+            value = TRANSFORMS[src.transform].apply(arrays[used[spec.name]], spec)
+        else:  # final_logits_bias absent: transformers initialises it to zeros
+            value = np.zeros(spec.shape, dtype=dtype)
+        assert value.shape == spec.shape, f"{spec.name}: {value.shape} != {spec.shape}"
+        out[spec.name] = np.ascontiguousarray(value)
+    return out
+
+
+def mapping_table(config: TransformerConfig) -> list[tuple[str, str, str]]:
+    """(Marian name, canonical name, transform) for every tensor a MarianMTModel file may hold,
+    in canonical order, then the tied aliases and the dropped position tables. For
+    docs/PORTING.md."""
+    rows: list[tuple[str, str, str]] = []
+    aliases: list[tuple[str, str, str]] = []
+    for spec, src in _sources(config):
+        rows.append((src.key, spec.name, TRANSFORMS[src.transform].describe))
+        for copy in src.copies:
+            aliases.append((copy, spec.name, f"optional; must equal {src.key} (tied)"))
+        for fallback in src.fallbacks:
+            aliases.append(
+                (fallback, spec.name, f"read only when {src.key} is absent (older files)")
+            )
+    dropped = "optional; checked against the concatenated sinusoid table, then dropped"
+    positions = [(key, "(none: computed)", dropped) for key in POSITION_KEYS]
+    return rows + aliases + positions

@@ -1,1 +1,0 @@
-"""Importers from outside model formats into canonical weights (numpy only, no framework)."""

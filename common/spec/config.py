@@ -1,0 +1,284 @@
+"""The spec: one frozen dataclass that every implementation, the oracle and the weight file share.
+
+The defaults are the paper's base model (Vaswani et al. 2017, Table 3, row "base"). Every knob that
+the paper leaves open, or that outside models set differently, is a field here, so that porting a
+model means writing a config rather than editing code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
+from common.files.safe_read import (
+    MAX_CONFIG_BYTES,
+    MAX_LISTED,
+    MAX_QUOTED_CHARS,
+    FileProblem,
+    MissingFile,
+    brief,
+    parse_json,
+    read_json,
+    shown,
+)
+
+NORM_POSITIONS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+POSITION_KINDS = ("sinusoidal", "learned")
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Every size and switch of the encoder-decoder model. Frozen: a config is a value."""
+
+    # Sizes. The paper's base model shares one ~37000-token BPE vocabulary between EN and DE.
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    num_heads: int = 8  # h in the paper; d_k = d_v = d_model / h
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    # Longest sequence for learned positions. Sinusoidal positions extrapolate past it (section 3.5).
+    max_len: int = 512
+
+    # Section 5.4: dropout 0.1 on every sublayer output and on the embedding sums. The paper does not
+    # use dropout on the attention probabilities; tensor2tensor later did, so it is a separate knob.
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+
+    # Normalisation. The paper is post-norm: LayerNorm(x + Sublayer(x)) (section 3.1).
+    norm_position: str = "post"
+    # A LayerNorm after the last encoder and decoder layer. Pre-norm models need it; torch's
+    # nn.Transformer has it even in post-norm, so it is its own switch.
+    final_norm: bool = False
+    # The paper does not give epsilon. 1e-6 is tensor2tensor's; torch uses 1e-5, Keras 1e-3.
+    layer_norm_eps: float = 1e-6
+
+    activation: str = "relu"  # Eq. (2) uses max(0, x); GELU variants for ported models.
+
+    position_kind: str = "sinusoidal"
+    # "interleaved" is Eq. (5) as written: sin at even dims, cos at odd dims. "concatenated" puts
+    # every sin first, then every cos (tensor2tensor, Marian), with the same frequencies.
+    sinusoid_layout: str = "interleaved"
+
+    # Section 3.4: embeddings are multiplied by sqrt(d_model), the two embedding layers share one
+    # matrix, and the pre-softmax projection is that matrix transposed.
+    scale_embeddings: bool = True
+    share_embeddings: bool = True
+    tie_output: bool = True
+    output_bias: bool = False  # Marian's final_logits_bias; the paper has none.
+    attention_bias: bool = True  # biases on the q/k/v/output projections of every attention
+
+    pad_id: int = 0
+    bos_id: int = 1  # may equal pad_id (Marian starts decoding from the pad token)
+    eos_id: int = 2
+
+    # Section 5.4: label smoothing eps_ls = 0.1 in the training loss.
+    label_smoothing: float = 0.1
+
+    def __post_init__(self) -> None:
+        problems = validation_problems(self)
+        if problems:
+            raise ConfigError(problems)
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """d_k = d_v = d_model / h (section 3.2.2)."""
+        return self.d_model // self.num_heads
+
+    # -- JSON round trip -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """Build from a dict. Unknown keys are an error naming each, with the nearest real field;
+        each field's type and range is checked by validation_problems."""
+        if not isinstance(data, dict):
+            raise ConfigError([f"a config must be a JSON object, got {type(data).__name__}"])
+        known = [f.name for f in fields(cls)]
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            problems = []
+            for key in unknown[:MAX_LISTED]:
+                # A long key is no near miss; difflib would also spend quadratic time on it.
+                near = difflib.get_close_matches(str(key), known, n=1) if len(str(key)) < 64 else []
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                problems.append(f"{shown(str(key))[:MAX_QUOTED_CHARS]}: unknown config field{hint}")
+            if len(unknown) > MAX_LISTED:
+                problems.append(f"and {len(unknown) - MAX_LISTED} more unknown config fields")
+            raise ConfigError(problems)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TransformerConfig:
+        """Parse JSON text (at most MAX_CONFIG_BYTES, nested at most MAX_JSON_DEPTH deep)."""
+        if isinstance(text, str) and len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                [f"the JSON text is {len(text)} characters, over the limit of {MAX_CONFIG_BYTES}"]
+            )
+        try:
+            data = parse_json(text)
+        except FileProblem as exc:
+            raise ConfigError([exc.problem]) from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TransformerConfig:
+        """Read a JSON config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
+        try:
+            data = read_json(path, "a config file", MAX_CONFIG_BYTES)
+        except MissingFile:
+            raise ConfigError([f"no such config file {shown(path)}"]) from None
+        except FileProblem as exc:
+            raise ConfigError([str(exc)]) from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        """A copy with some fields changed (validated again)."""
+        unknown = [k for k in changes if k not in {f.name for f in fields(self)}]
+        if unknown:
+            return TransformerConfig.from_dict({**self.to_dict(), **changes})  # raises, names them
+        return dataclasses.replace(self, **changes)
+
+
+_INT_FIELDS = (
+    "src_vocab_size",
+    "tgt_vocab_size",
+    "d_model",
+    "num_heads",
+    "d_ff",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "max_len",
+)
+_ID_FIELDS = ("pad_id", "bos_id", "eos_id")
+_BOOL_FIELDS = (
+    "final_norm",
+    "scale_embeddings",
+    "share_embeddings",
+    "tie_output",
+    "output_bias",
+    "attention_bias",
+)
+_PROBABILITY_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
+_CHOICES = {
+    "norm_position": NORM_POSITIONS,
+    "activation": ACTIVATIONS,
+    "position_kind": POSITION_KINDS,
+    "sinusoid_layout": SINUSOID_LAYOUTS,
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validation_problems(c: TransformerConfig) -> list[str]:
+    """Every way `c` breaks the spec, as 'field: what is wrong; what is allowed'. Empty when valid."""
+    problems: list[str] = []
+    for name in _INT_FIELDS:
+        value = getattr(c, name)
+        if not _is_int(value):
+            problems.append(f"{name}: must be an integer >= 1, got {brief(value)}")
+        elif value < 1:
+            problems.append(f"{name}: must be >= 1, got {value}")
+    for name in _ID_FIELDS:
+        value = getattr(c, name)
+        if not _is_int(value) or value < 0:
+            problems.append(f"{name}: must be an integer >= 0, got {brief(value)}")
+    for name in _BOOL_FIELDS:
+        value = getattr(c, name)
+        if not isinstance(value, bool):
+            problems.append(f"{name}: must be true or false, got {brief(value)}")
+    for name in _PROBABILITY_FIELDS:
+        value = getattr(c, name)
+        if not _is_number(value) or not 0.0 <= value < 1.0:
+            problems.append(f"{name}: must be a number in [0, 1), got {brief(value)}")
+    eps = c.layer_norm_eps
+    if not _is_number(eps) or not 0.0 < eps < 1.0:
+        problems.append(f"layer_norm_eps: must be a number in (0, 1), got {brief(eps)}")
+    for name, allowed in _CHOICES.items():
+        value = getattr(c, name)
+        if value not in allowed:
+            choices = ", ".join(repr(a) for a in allowed)
+            problems.append(f"{name}: unknown value {brief(value)}; allowed: {choices}")
+    if problems:  # the cross-field rules below assume well-typed fields
+        return problems
+
+    if c.d_model % c.num_heads:
+        problems.append(
+            f"d_model: {c.d_model} is not divisible by num_heads={c.num_heads}; "
+            "d_model must be a multiple of num_heads (d_k = d_model / h)"
+        )
+    if c.position_kind == "sinusoidal" and c.d_model % 2:
+        problems.append(
+            f"d_model: sinusoidal positions pair a sin and a cos per frequency, so d_model must "
+            f"be even, got {c.d_model}"
+        )
+    if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
+        problems.append(
+            f"share_embeddings: one shared embedding needs src_vocab_size == tgt_vocab_size, got "
+            f"{c.src_vocab_size} and {c.tgt_vocab_size}; set share_embeddings to false"
+        )
+        if c.tie_output:
+            problems.append(
+                "tie_output: the output projection would be tied to the shared embedding, whose "
+                f"vocabulary ({c.src_vocab_size}) differs from the target vocabulary "
+                f"({c.tgt_vocab_size}); untie it or use one vocabulary"
+            )
+    for name in _ID_FIELDS:
+        value = getattr(c, name)
+        vocabs = [c.tgt_vocab_size] if name == "bos_id" else [c.src_vocab_size, c.tgt_vocab_size]
+        if value >= min(vocabs):
+            problems.append(f"{name}: {value} is outside the vocabulary (size {min(vocabs)})")
+    if c.eos_id == c.pad_id:
+        problems.append(f"eos_id: must differ from pad_id (both {c.eos_id})")
+    if c.eos_id == c.bos_id:
+        problems.append(f"eos_id: must differ from bos_id (both {c.eos_id})")
+    return problems
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # Small enough that the oracle grid runs in seconds; odd sizes would hide nothing here, the
+    # property tests of the parity issue draw those.
+    "tiny": TransformerConfig(
+        src_vocab_size=48,
+        tgt_vocab_size=48,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        max_len=32,
+        dropout=0.0,
+    ),
+    "base": TransformerConfig(),
+    # Table 3, "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3 (0.1 for EN-FR).
+    "big": TransformerConfig(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+}
+
+
+def preset(name: str) -> TransformerConfig:
+    """One of PRESETS by name, with an error listing the names when it is unknown."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(
+            [f"preset: unknown preset {name!r}; allowed: {', '.join(PRESETS)}"]
+        ) from None

@@ -1,0 +1,78 @@
+"""Checks on token ids, done on the host before any framework sees them, so errors are clear
+(inside a jitted or compiled function an out-of-range id is silently clamped or garbage)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.errors import InputError
+from common.spec.config import TransformerConfig
+
+
+def check_ids(ids: np.ndarray, name: str, vocab_size: int) -> np.ndarray:
+    """`ids` as a [batch, length] int64 array; InputError naming `name` when it is not one."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2:
+        raise InputError(f"{name}: expected shape [batch, length] (rank 2), got {list(ids.shape)}")
+    if ids.shape[0] < 1 or ids.shape[1] < 1:
+        raise InputError(f"{name}: batch and length must be >= 1, got {list(ids.shape)}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
+        raise InputError(
+            f"{name}: token id {bad} at {list(where)} is outside the vocabulary [0, {vocab_size})"
+        )
+    return ids.astype(np.int64)
+
+
+def check_length(length: int, name: str, c: TransformerConfig) -> None:
+    """Learned positions stop at max_len; sinusoidal ones extrapolate (section 3.5)."""
+    if c.position_kind == "learned" and length > c.max_len:
+        raise InputError(
+            f"{name}: length {length} exceeds max_len={c.max_len} of the learned position table"
+        )
+
+
+def check_inputs(
+    c: TransformerConfig, src: np.ndarray, tgt_in: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (src, tgt_in) as int64 [B, S] and [B, T]."""
+    src = check_ids(src, "src", c.src_vocab_size)
+    tgt_in = check_ids(tgt_in, "tgt", c.tgt_vocab_size)
+    if src.shape[0] != tgt_in.shape[0]:
+        raise InputError(
+            f"batch sizes differ: src has {src.shape[0]} rows, tgt has {tgt_in.shape[0]}"
+        )
+    check_length(src.shape[1], "src", c)
+    check_length(tgt_in.shape[1], "tgt", c)
+    return src, tgt_in
+
+
+def ragged_batch(
+    c: TransformerConfig, batch: int, src_len: int, tgt_len: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic (src, tgt_in) with ragged right padding, for tests and `rosetta parity`.
+
+    Row 0 is full length, later rows are shorter; with batch >= 3 the last row of src is all
+    padding (a query with no allowed key in encoder self-attention and in cross-attention).
+    tgt_in starts with BOS. Token ids avoid pad/bos/eos, so padding is only where we put it.
+    """
+    rng = np.random.default_rng(seed)
+    special = {c.pad_id, c.bos_id, c.eos_id}
+
+    def tokens(vocab: int, shape: tuple[int, int]) -> np.ndarray:
+        allowed = np.array([i for i in range(vocab) if i not in special] or [c.eos_id])
+        return allowed[rng.integers(0, len(allowed), size=shape)]
+
+    src = tokens(c.src_vocab_size, (batch, src_len))
+    tgt = tokens(c.tgt_vocab_size, (batch, tgt_len))
+    tgt[:, 0] = c.bos_id
+    for row in range(1, batch):
+        src[row, max(1, src_len - row * max(1, src_len // batch)) :] = c.pad_id
+        tgt[row, max(1, tgt_len - row * max(1, tgt_len // batch)) :] = c.pad_id
+    if batch >= 3:
+        src[-1, :] = c.pad_id
+    return src.astype(np.int64), tgt.astype(np.int64)

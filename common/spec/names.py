@@ -1,0 +1,125 @@
+"""Canonical tensor names and shapes, derived from the config. The one place that lists them.
+
+Every implementation's weights.py, the validator, the initialiser and docs/FORMAT.md read this
+function; nothing else spells out a name. The layout is `y = x @ kernel + bias` throughout:
+dense kernels are [in, out], attention kernels keep heads as their own axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.spec.config import TransformerConfig
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One canonical tensor: its name, shape, and how the paper's initialiser treats it."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str  # "embedding", "kernel", "bias", "scale" (LayerNorm gain), "norm_bias"
+    fan_in: int = 0  # for xavier-uniform kernels: the matrix this kernel is a view of
+    fan_out: int = 0
+
+
+def attention_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
+    """Eq. (4), section 3.2.2: W^Q_i, W^K_i, W^V_i per head and W^O, kept as [d_model, h, d_k]."""
+    d, h, k = c.d_model, c.num_heads, c.head_dim
+    specs = []
+    for proj in ("query", "key", "value"):
+        specs.append(TensorSpec(f"{prefix}.{proj}.kernel", (d, h, k), "kernel", d, h * k))
+        if c.attention_bias:
+            specs.append(TensorSpec(f"{prefix}.{proj}.bias", (h, k), "bias"))
+    specs.append(TensorSpec(f"{prefix}.output.kernel", (h, k, d), "kernel", h * k, d))
+    if c.attention_bias:
+        specs.append(TensorSpec(f"{prefix}.output.bias", (d,), "bias"))
+    return specs
+
+
+def feed_forward_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
+    """Eq. (2): FFN(x) = act(x W_1 + b_1) W_2 + b_2, named intermediate (W_1) and output (W_2)."""
+    d, f = c.d_model, c.d_ff
+    return [
+        TensorSpec(f"{prefix}.intermediate.kernel", (d, f), "kernel", d, f),
+        TensorSpec(f"{prefix}.intermediate.bias", (f,), "bias"),
+        TensorSpec(f"{prefix}.output.kernel", (f, d), "kernel", f, d),
+        TensorSpec(f"{prefix}.output.bias", (d,), "bias"),
+    ]
+
+
+def norm_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"{prefix}.scale", (c.d_model,), "scale"),
+        TensorSpec(f"{prefix}.bias", (c.d_model,), "norm_bias"),
+    ]
+
+
+def embedding_names(c: TransformerConfig) -> dict[str, str]:
+    """Which stored tensor each of the three vocabulary matrices reads (section 3.4 sharing).
+
+    Keys: "source", "target" (embeddings, [vocab, d_model]) and "output" (the pre-softmax
+    projection, stored as a kernel [d_model, vocab] unless tied, when it is an embedding read
+    transposed). A tied tensor is stored once, under the first name here that uses it.
+    """
+    source = "shared_embedding" if c.share_embeddings else "encoder.embedding"
+    target = "shared_embedding" if c.share_embeddings else "decoder.embedding"
+    output = target if c.tie_output else "output.kernel"
+    return {"source": source, "target": target, "output": output}
+
+
+def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
+    """Every tensor of a model with config `c`, in a fixed order (embeddings, encoder, decoder,
+    output). This order is the order of docs/FORMAT.md's table and of every file we write."""
+    d = c.d_model
+    emb = embedding_names(c)
+    specs: list[TensorSpec] = []
+    specs.append(TensorSpec(emb["source"], (c.src_vocab_size, d), "embedding"))
+    if not c.share_embeddings:
+        specs.append(TensorSpec(emb["target"], (c.tgt_vocab_size, d), "embedding"))
+    if c.position_kind == "learned":
+        specs.append(TensorSpec("encoder.position_embedding", (c.max_len, d), "embedding"))
+        specs.append(TensorSpec("decoder.position_embedding", (c.max_len, d), "embedding"))
+
+    for i in range(c.num_encoder_layers):
+        p = f"encoder.layers.{i}"
+        specs += attention_specs(f"{p}.self_attention", c)
+        specs += norm_specs(f"{p}.self_attention_norm", c)
+        specs += feed_forward_specs(f"{p}.feed_forward", c)
+        specs += norm_specs(f"{p}.feed_forward_norm", c)
+    if c.final_norm:
+        specs += norm_specs("encoder.final_norm", c)
+
+    for i in range(c.num_decoder_layers):
+        p = f"decoder.layers.{i}"
+        specs += attention_specs(f"{p}.self_attention", c)
+        specs += norm_specs(f"{p}.self_attention_norm", c)
+        specs += attention_specs(f"{p}.cross_attention", c)
+        specs += norm_specs(f"{p}.cross_attention_norm", c)
+        specs += feed_forward_specs(f"{p}.feed_forward", c)
+        specs += norm_specs(f"{p}.feed_forward_norm", c)
+    if c.final_norm:
+        specs += norm_specs("decoder.final_norm", c)
+
+    if not c.tie_output:
+        v = c.tgt_vocab_size
+        specs.append(TensorSpec("output.kernel", (d, v), "kernel", d, v))
+    if c.output_bias:
+        specs.append(TensorSpec("output.bias", (c.tgt_vocab_size,), "bias"))
+    return specs
+
+
+def canonical_shapes(c: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """{name: shape} for every canonical tensor, in canonical order."""
+    return {s.name: s.shape for s in canonical_specs(c)}
+
+
+def parameter_count(c: TransformerConfig) -> int:
+    """Number of trainable scalars; a tied matrix counts once."""
+    total = 0
+    for s in canonical_specs(c):
+        n = 1
+        for dim in s.shape:
+            n *= dim
+        total += n
+    return total

@@ -1,0 +1,55 @@
+"""What every model returns through the adapter, as numpy arrays: the forward pass's outputs
+under their canonical names (docs/PARITY.md) and a training step's loss and gradients. The oracle
+and the frameworks' backends build these; the parity report and the tests read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ForwardOutput:
+    """What a forward pass returns, as numpy arrays (float64 for the oracle, else the model dtype
+    converted to float32/float64 so that numpy can compare it).
+
+    Attentions are post-softmax, pre-dropout probabilities [B, h, query, key], one per layer;
+    None when they were not requested. Hidden states are the embedding output followed by every
+    layer's output (before any final norm), [B, L, d_model] each.
+    """
+
+    logits: np.ndarray  # (B, T, V)
+    encoder_output: np.ndarray  # (B, S, d), after the final norm if the config has one
+    encoder_self_attention: list[np.ndarray] | None = None
+    decoder_self_attention: list[np.ndarray] | None = None
+    cross_attention: list[np.ndarray] | None = None
+    encoder_hidden_states: list[np.ndarray] | None = None
+    decoder_hidden_states: list[np.ndarray] | None = None
+
+    def named(self) -> dict[str, np.ndarray]:
+        """Every array under its canonical output name (see docs/PARITY.md)."""
+        out = {"logits": self.logits, "encoder_output": self.encoder_output}
+        groups = [
+            ("encoder.layers.{}.self_attention", self.encoder_self_attention),
+            ("decoder.layers.{}.self_attention", self.decoder_self_attention),
+            ("decoder.layers.{}.cross_attention", self.cross_attention),
+            ("encoder.hidden_states.{}", self.encoder_hidden_states),
+            ("decoder.hidden_states.{}", self.decoder_hidden_states),
+        ]
+        for pattern, arrays in groups:
+            for i, a in enumerate(arrays or []):
+                out[pattern.format(i)] = a
+        return out
+
+
+@dataclass
+class LossOutput:
+    """What `loss_and_grads` returns: the mean label-smoothed loss over non-pad target tokens,
+    token accuracy, the number of such tokens, and d loss / d weight for every canonical tensor
+    (canonical names and layouts; a tied tensor's gradient is the sum over its uses)."""
+
+    loss: float
+    accuracy: float
+    tokens: int
+    grads: dict[str, np.ndarray]

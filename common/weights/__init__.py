@@ -1,0 +1,1 @@
+"""The shared safetensors weight format and deterministic initialisation."""
