@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ def decoder_self_mask(tgt_in: jax.Array, pad_id: int) -> jax.Array:
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1])
 
 
-# -- positions ---------------------------------------------------------------------------------
+# -- positions, activations, precision --------------------------------------------------------
 
 
 def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
@@ -61,31 +62,87 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
     return np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)
 
 
-# -- layers ------------------------------------------------------------------------------------
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # x Phi(x), the erf form
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
 
 
-def stats_dtype(dtype: jnp.dtype) -> jnp.dtype:
+def statistics_dtype(dtype: jnp.dtype) -> jnp.dtype:
     """float32 or wider: softmax and LayerNorm statistics never run in bfloat16."""
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def scaled_dot_product_attention(
+# -- attention (Eq. 1) -------------------------------------------------------------------------
+
+
+def explicit_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout: nnx.Dropout
 ) -> tuple[jax.Array, jax.Array]:
     """Eq. (1), section 3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, explicitly.
 
-    q (B, Tq, h, k), k and v (B, Tk, h, k), mask broadcastable to (B, h, Tq, Tk).
+    Flax's head layout: q (B, Tq, h, k), k and v (B, Tk, h, k), mask broadcastable to
+    (B, h, Tq, Tk); `dropout` is the attention's nnx.Dropout, applied to the probabilities.
     Returns (context (B, Tq, h, k), probabilities (B, h, Tq, Tk), pre-dropout).
     Deviation, flagged: masked scores get the finite minimum (never -inf, which makes a fully
     masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
     allowed key gets an all-zero row and a zero context.
     """
     scores = jnp.einsum("bqhk,bthk->bhqt", q, k) / math.sqrt(q.shape[-1])  # (B, h, Tq, Tk)
-    scores = scores.astype(stats_dtype(scores.dtype))
+    scores = scores.astype(statistics_dtype(scores.dtype))
     scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
     probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
     context = jnp.einsum("bhqt,bthk->bqhk", dropout(probs.astype(v.dtype)), v)
     return context, probs
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Eq. (1) by JAX's fused kernel, jax.nn.dot_product_attention: context (B, Tq, h, k) of
+    q (B, Tq, h, k), k and v (B, Tk, h, k) under mask (B, 1, Tq|1, Tk); no probabilities.
+
+    The kernel gives a fully masked query a uniform row over the values; the spec (and the
+    oracle) give it a zero context, as explicit_attention does, so those rows are zeroed.
+    """
+    context = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, Tq, 1, 1)
+    return jnp.where(has_key, context, 0.0)
+
+
+# -- sublayer wiring (section 3.1) -------------------------------------------------------------
+
+
+def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """Ba et al. 2016, as the oracle: population variance, eps inside the sqrt, eps from the
+    config (Flax's default is 1e-6), and E[(x - mean)^2] rather than Flax's default
+    E[x^2] - mean^2, which cancels badly. Flax keeps the statistics in float32 for bfloat16."""
+    return nnx.LayerNorm(
+        config.d_model,
+        epsilon=config.layer_norm_eps,
+        use_fast_variance=False,
+        dtype=dtype,
+        param_dtype=dtype,
+        rngs=rngs,
+    )
+
+
+def residual(
+    x: jax.Array,
+    sublayer: Callable[[jax.Array], tuple[jax.Array, Any]],
+    norm: nnx.LayerNorm,
+    dropout: nnx.Dropout,
+    pre_norm: bool,
+) -> tuple[jax.Array, Any]:
+    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
+    pre-norm (Wang et al. 2019) is x + Dropout(Sublayer(LayerNorm(x))).
+
+    `sublayer` returns (output, extra); extra (attention probabilities) is passed through."""
+    out, extra = sublayer(norm(x) if pre_norm else x)
+    x = x + dropout(out)
+    return (x if pre_norm else norm(x)), extra
+
+
+# -- layers ------------------------------------------------------------------------------------
 
 
 class MultiHeadAttention(nnx.Module):
@@ -151,13 +208,6 @@ class MultiHeadAttention(nnx.Module):
         return self.output(context), probs
 
 
-ACTIVATIONS = {
-    "relu": jax.nn.relu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # x Phi(x), the erf form
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-}
-
-
 class FeedForward(nnx.Module):
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2; W_1 is `intermediate`, W_2
     `output`. Deviation, flagged: GELU (exact or tanh) instead of max(0, x) for ported models."""
@@ -176,37 +226,6 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.output(ACTIVATIONS[self.activation](self.intermediate(x)))
-
-
-def layer_norm(config: TransformerConfig, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """Ba et al. 2016, as the oracle: population variance, eps inside the sqrt, eps from the
-    config (Flax's default is 1e-6), and E[(x - mean)^2] rather than Flax's default
-    E[x^2] - mean^2, which cancels badly. Flax keeps the statistics in float32 for bfloat16."""
-    return nnx.LayerNorm(
-        config.d_model,
-        epsilon=config.layer_norm_eps,
-        use_fast_variance=False,
-        dtype=dtype,
-        param_dtype=dtype,
-        rngs=rngs,
-    )
-
-
-def residual(
-    config: TransformerConfig,
-    norm: nnx.LayerNorm,
-    dropout: nnx.Dropout,
-    x: jax.Array,
-    sublayer: Callable[[jax.Array], tuple[jax.Array, object]],
-) -> tuple[jax.Array, object]:
-    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
-    pre-norm (Wang et al. 2019) is x + Dropout(Sublayer(LayerNorm(x))).
-
-    `sublayer` returns (output, extra); extra (attention probabilities) is passed through."""
-    pre = config.norm_position == "pre"
-    out, extra = sublayer(norm(x) if pre else x)
-    x = x + dropout(out)
-    return (x if pre else norm(x)), extra
 
 
 class EncoderLayer(nnx.Module):

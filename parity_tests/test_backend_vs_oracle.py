@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.oracle import reference
-from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import atol_for
 from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
@@ -33,9 +33,9 @@ def check_against_oracle(backend, config, dtype: str, mode: str) -> None:
     for case, (src, tgt_in) in input_cases(config).items():
         want = reference.forward(rounded, config, src, tgt_in)
         masks = {
-            "encoder_self_attention": encoder_self_mask(src, config.pad_id),
+            "encoder_self_attention": key_padding_mask(src, config.pad_id),
             "decoder_self_attention": decoder_self_mask(tgt_in, config.pad_id),
-            "cross_attention": cross_mask(src, config.pad_id),
+            "cross_attention": key_padding_mask(src, config.pad_id),
         }
         for attention in (True, False):  # explicit probabilities, then the fused kernel
             got = model.forward(src, tgt_in, attention=attention, mode=mode)

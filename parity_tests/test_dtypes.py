@@ -19,7 +19,7 @@ from common.oracle import reference
 from common.spec.config import TransformerConfig, preset
 from common.spec.dtypes import COMPUTE_DTYPES, numpy_dtype
 from common.spec.inputs import ragged_batch
-from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
 from common.weights.init import init_weights
 from parity_tests.grid import PAIRWISE_GRID, PAIRWISE_KEYS, input_cases
@@ -83,9 +83,9 @@ def test_bfloat16_tracks_the_float64_oracle(backend, config_id):
         # By the output's name: encoder.layers.i.self_attention, decoder.layers.i.self_attention,
         # decoder.layers.i.cross_attention.
         masks = {
-            "encoder": encoder_self_mask(src, config.pad_id),
+            "encoder": key_padding_mask(src, config.pad_id),
             "decoder": decoder_self_mask(tgt_in, config.pad_id),
-            "cross": cross_mask(src, config.pad_id),
+            "cross": key_padding_mask(src, config.pad_id),
         }
         for attention in (True, False):
             got = model.forward(src, tgt_in, attention=attention)

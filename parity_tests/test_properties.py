@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from common.oracle import reference
 from common.spec.config import ACTIVATIONS, NORM_POSITIONS, SINUSOID_LAYOUTS, TransformerConfig
-from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import atol_for
 from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
@@ -130,9 +130,9 @@ def reproduction(c: TransformerConfig, seed: int, src: np.ndarray, tgt_in: np.nd
 def check_case(backend, c: TransformerConfig, seed: int, src: np.ndarray, tgt_in: np.ndarray):
     weights = init_weights(c, seed=seed, scheme="perturbed", dtype="float64")
     masks = {
-        "encoder_self_attention": encoder_self_mask(src, c.pad_id),
+        "encoder_self_attention": key_padding_mask(src, c.pad_id),
         "decoder_self_attention": decoder_self_mask(tgt_in, c.pad_id),
-        "cross_attention": cross_mask(src, c.pad_id),
+        "cross_attention": key_padding_mask(src, c.pad_id),
     }
     for dtype in ("float64", "float32"):
         if dtype not in backend.dtypes:

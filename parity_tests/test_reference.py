@@ -9,7 +9,7 @@ import pytest
 from common.oracle import reference
 from common.spec.config import TransformerConfig, preset
 from common.spec.inputs import ragged_batch
-from common.spec.masks import causal_mask, decoder_self_mask, encoder_self_mask, shift_right
+from common.spec.masks import causal_mask, decoder_self_mask, key_padding_mask, shift_right
 from common.weights.init import init_weights
 
 CONFIG = preset("tiny").replace(num_heads=4, d_model=16, d_ff=24)
@@ -36,9 +36,9 @@ def test_shapes(run):
 def test_attention_rows_sum_to_one_over_allowed_keys_and_are_zero_elsewhere(run):
     _, src, tgt_in, out = run
     cases = [
-        (out.encoder_self_attention, encoder_self_mask(src, 0)),
+        (out.encoder_self_attention, key_padding_mask(src, 0)),
         (out.decoder_self_attention, decoder_self_mask(tgt_in, 0)),
-        (out.cross_attention, encoder_self_mask(src, 0)),
+        (out.cross_attention, key_padding_mask(src, 0)),
     ]
     for maps, mask in cases:
         for probs in maps:

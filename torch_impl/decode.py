@@ -9,7 +9,7 @@ The cache has the same layout in all three implementations:
 - `layers`, one entry per decoder layer: `self_key`, `self_value` (N, h, max_steps, d_k), a
   buffer preallocated for every position and written one position per step; `cross_key`,
   `cross_value` (N, h, S, d_k), the memory's keys and values, computed once;
-- `memory_mask` (N, 1, 1, S): the source padding (common.spec.masks.cross_mask);
+- `memory_mask` (N, 1, 1, S): the source padding (common.spec.masks.key_padding_mask);
 - `key_valid` (N, max_steps) bool: which buffer positions are keys;
 - `index` () int64: the position the next step writes.
 N = B * beams rows; row r decodes source r // beams.

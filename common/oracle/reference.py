@@ -15,7 +15,7 @@ import numpy as np
 from scipy.special import erf
 
 from common.spec.config import TransformerConfig
-from common.spec.masks import cross_mask, decoder_self_mask, encoder_self_mask
+from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.names import embedding_names
 from common.spec.results import ForwardOutput
 
@@ -164,7 +164,7 @@ def encode(
 
     Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
     output and each layer's output, before the final norm)."""
-    mask = encoder_self_mask(src, c.pad_id)
+    mask = key_padding_mask(src, c.pad_id)
     x = embed(w, embedding_names(c)["source"], "encoder.position_embedding", src, c)
     attentions, hidden = [], [x]
     for i in range(c.num_encoder_layers):
@@ -190,7 +190,7 @@ def decode(
     """Section 3.1, decoder: N layers of [masked self-attention, cross-attention over the encoder
     output, feed-forward]. Returns (output (B, T, d), self probs, cross probs, hidden states)."""
     self_mask = decoder_self_mask(tgt_in, c.pad_id)
-    memory_mask = cross_mask(src, c.pad_id)
+    memory_mask = key_padding_mask(src, c.pad_id)
     x = embed(w, embedding_names(c)["target"], "decoder.position_embedding", tgt_in, c)
     self_attn, cross_attn, hidden = [], [], [x]
     for i in range(c.num_decoder_layers):

@@ -32,19 +32,9 @@ def causal_mask(length: int) -> np.ndarray:
     return np.tril(np.ones((length, length), dtype=bool))[None, None]
 
 
-def encoder_self_mask(src: np.ndarray, pad_id: int) -> np.ndarray:
-    """[B, 1, 1, S]: encoder self-attention sees every non-pad source token."""
-    return key_padding_mask(src, pad_id)
-
-
 def decoder_self_mask(tgt_in: np.ndarray, pad_id: int) -> np.ndarray:
     """[B, 1, T, T]: decoder self-attention is causal and skips padding."""
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1])
-
-
-def cross_mask(src: np.ndarray, pad_id: int) -> np.ndarray:
-    """[B, 1, 1, S]: cross-attention sees every non-pad source token."""
-    return key_padding_mask(src, pad_id)
 
 
 def shift_right(tgt: np.ndarray, bos_id: int) -> np.ndarray:

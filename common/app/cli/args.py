@@ -1,0 +1,182 @@
+"""What every `rosetta` command shares: exit codes, UsageError and the parser class, argument
+types, the model arguments (--preset/--config/--weights/--seed) and the model they name, id files,
+and the --device check."""
+
+from __future__ import annotations
+
+import os
+
+# Set before any command imports TensorFlow; every command module imports this one first.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
+from common.app.resources import check_fits, weights_bytes  # noqa: E402
+from common.errors import RosettaError  # noqa: E402
+from common.files.outputs import shown  # noqa: E402
+from common.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
+from common.weights.format import (  # noqa: E402
+    WeightFile,
+    describe_nonfinite,
+    load_weights,
+    nonfinite_counts,
+)
+from common.weights.init import init_weights  # noqa: E402
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class UsageError(RosettaError):
+    """Bad command-line arguments."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def warn(message: str) -> None:
+    """One line on stderr that does not stop the command."""
+    print(f"rosetta: warning: {message}", file=sys.stderr)
+
+
+# -- argument types ---------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+SEED_MAX = 2**32 - 1  # the widest seed every framework's generator takes (JAX keys are uint32)
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: a seed from 0 to 2**32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {value}")
+    return value
+
+
+MAX_REPEATS = 1000  # a benchmark's rounds: beyond this a run is a hang, not a measurement
+
+
+def repeats_int(text: str) -> int:
+    """An argparse type: 1 to MAX_REPEATS timed rounds."""
+    value = positive_int(text)
+    if value > MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEATS}, got {value}")
+    return value
+
+
+def frameworks_arg(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of known frameworks."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FRAMEWORKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown framework {', '.join(map(repr, unknown)) or 'list'}; choose from {','.join(FRAMEWORKS)}"
+        )
+    return names
+
+
+# -- the model a command runs -----------------------------------------------------------------
+
+
+def add_model_arguments(p: argparse.ArgumentParser, default_preset: str | None) -> None:
+    """--preset, --config, --weights and --seed, read back by config_and_weights."""
+    which = p.add_argument_group("model")
+    which.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help=f"a built-in config{f' (default: {default_preset})' if default_preset else ''}",
+    )
+    which.add_argument("--config", metavar="FILE.json", help="your own config as JSON")
+    which.add_argument(
+        "--weights",
+        metavar="FILE.safetensors",
+        help="weights in the shared format (its config is used; a --preset/--config "
+        "given too must match it)",
+    )
+    which.add_argument(
+        "--seed", type=seed_int, default=0, help="seed for random weights and inputs (default 0)"
+    )
+
+
+def config_and_weights(
+    args: argparse.Namespace, default_preset: str | None
+) -> tuple[TransformerConfig, dict[str, np.ndarray], str]:
+    """The model to run: from --weights (whose config wins, and must match --preset/--config if
+    one is given too), else random weights from --seed for --preset/--config."""
+    asked: TransformerConfig | None = None
+    if getattr(args, "preset", None) and getattr(args, "config", None):
+        raise UsageError("give --preset or --config, not both")
+    if getattr(args, "config", None):
+        asked = TransformerConfig.from_file(args.config)
+    elif getattr(args, "preset", None):
+        asked = preset(args.preset)
+    if getattr(args, "weights", None):
+        wf: WeightFile = load_weights(args.weights, config=asked)
+        found = nonfinite_counts(wf.tensors)
+        if found:
+            warn(f"{shown(args.weights)}: {describe_nonfinite(found)}; outputs will not be finite")
+        return wf.config, wf.tensors, f"{args.weights} ({wf.dtype}, by {wf.producer})"
+    if asked is None:
+        if default_preset is None:
+            raise UsageError("give --weights FILE, or --preset/--config for random weights")
+        asked = preset(default_preset)
+    check_fits(weights_bytes(asked), "random float64 weights for this config")
+    # The "perturbed" scheme: random biases and gains, so that a dropped bias cannot hide.
+    weights = init_weights(asked, seed=args.seed, scheme="perturbed", dtype="float64")
+    name = args.config or f"preset {args.preset or default_preset}"
+    return asked, weights, f"{name}, random weights from seed {args.seed}"
+
+
+# -- inputs and devices -----------------------------------------------------------------------
+
+
+def load_ids(path: str, name: str) -> np.ndarray:
+    """An integer id array [batch, length] from a .npy file, with a one-line error for anything
+    else; the header is checked before any data is read (common.files.safe_read)."""
+    from common.files.safe_read import read_ids
+
+    return read_ids(path, name)
+
+
+def load_inputs(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS),
+    each member's header checked before it is read (common.files.safe_read)."""
+    from common.files.safe_read import read_ids_npz
+
+    src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
+    return src, tgt
+
+
+def check_devices_visible(frameworks: Sequence[str], device: str) -> None:
+    """--device gpu with no GPU visible to any requested framework is bad input (exit 2), as in
+    `rosetta forward`; with some frameworks on a GPU, the others are skipped with the reason."""
+    if device == "cpu":
+        return
+    from common.app.parity import resolve_devices
+
+    runnable = [f for f in frameworks if f != "numpy" and unavailable_reason(f) is None]
+    if runnable and not any(resolve_devices(f, get_backend(f).devices(), device) for f in runnable):
+        raise UsageError(f"--device {device}: no GPU is visible to {', '.join(runnable)}")

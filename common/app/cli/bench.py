@@ -1,0 +1,86 @@
+"""`rosetta bench`: each framework's forward pass timed beside its own framework's peer model
+(benchmarks/suite.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from common.app.cli.args import (
+    EXIT_OK,
+    MAX_REPEATS,
+    UsageError,
+    frameworks_arg,
+    positive_int,
+    repeats_int,
+)
+from common.app.resources import check_forward_fits
+from common.spec.config import PRESETS, preset
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from benchmarks.suite import BENCH_FRAMEWORKS, format_bench, run_bench
+
+    config = TransformerConfig.from_file(args.config) if args.config else preset(args.preset)
+    if args.vocab is not None:
+        config = config.replace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
+    config = config.replace(dropout=0.0, attention_dropout=0.0)  # eval mode
+    if args.frameworks is not None and set(args.frameworks) <= {"numpy"}:
+        raise UsageError("--frameworks: bench times torch, tf and jax; the oracle has no peer")
+    frameworks = [f for f in (args.frameworks or BENCH_FRAMEWORKS) if f != "numpy"]
+    # each framework holds its model and its peer: twice the weights and activations
+    check_forward_fits(
+        config, args.batch, args.src_len, args.tgt_len, 2 * len(frameworks), "this benchmark"
+    )
+    progress = None if args.json else (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    result = run_bench(
+        frameworks, config, args.batch, args.src_len, args.tgt_len, args.repeats, progress
+    )
+    print(json.dumps(result, indent=2) if args.json else format_bench(result))
+    return EXIT_OK
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="time each framework's forward pass against its own framework's peer model",
+        description=(
+            "Time each framework's forward pass (eval, float32, CPU) side by side with a peer "
+            "built from that framework's own layers (torch.nn.Transformer; a Keras model of "
+            "keras.layers.MultiHeadAttention/Dense/LayerNormalization; a Flax model of "
+            "nnx.MultiHeadAttention/Linear/LayerNorm) and a 2048x2048 matmul, alternating, in one "
+            "run. Prints median times, the ratio to the peer (target <= 1.15) and GFLOP/s as a "
+            "fraction of the matmul ceiling. The base model takes a few minutes per framework on "
+            "2 cores; run nothing else meanwhile."
+        ),
+        epilog="examples:\n  rosetta bench\n  rosetta bench --frameworks torch --repeats 3\n"
+        "  rosetta bench --preset tiny --batch 2 --src-len 16 --tgt-len 16 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--frameworks",
+        type=frameworks_arg,
+        metavar="LIST",
+        help="comma-separated, from torch,tf,jax (default: all three)",
+    )
+    p.add_argument("--preset", choices=list(PRESETS), default="base", help="default: base")
+    p.add_argument("--config", metavar="FILE.json", help="your own config instead of a preset")
+    p.add_argument(
+        "--vocab",
+        type=positive_int,
+        default=32000,
+        metavar="N",
+        help="vocabulary size for both sides (default 32000, the issues' workload)",
+    )
+    p.add_argument("--batch", type=positive_int, default=8, help="default 8")
+    p.add_argument("--src-len", type=positive_int, default=128, help="default 128")
+    p.add_argument("--tgt-len", type=positive_int, default=128, help="default 128")
+    p.add_argument(
+        "--repeats",
+        type=repeats_int,
+        default=5,
+        help=f"timed rounds, median taken (default 5, at most {MAX_REPEATS})",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=run_bench_command)

@@ -1,0 +1,100 @@
+"""`rosetta forward`: one framework on your ids; its logits, encoder output and attention maps
+written to one .npz under the canonical names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from common.adapter.backends import FRAMEWORKS, get_backend
+from common.app.cli.args import EXIT_OK, UsageError, config_and_weights, load_ids
+from common.app.resources import check_forward_fits
+from common.files.outputs import atomic_write, check_output_file
+from common.spec.inputs import check_inputs
+
+
+def run_forward_command(args: argparse.Namespace) -> int:
+    from common.app.parity import resolve_devices
+
+    out_path = check_output_file(
+        args.out, force=args.force, suffix=".npz", inputs=(args.weights, args.src, args.tgt)
+    )
+    raw_src, raw_tgt = load_ids(args.src, "--src"), load_ids(args.tgt, "--tgt")
+    config, weights, _ = config_and_weights(args, default_preset=None)
+    src, tgt_in = check_inputs(config, raw_src, raw_tgt)
+    check_forward_fits(config, src.shape[0], src.shape[1], tgt_in.shape[1], 1, "this forward pass")
+    backend = get_backend(args.framework)
+    args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
+    if args.dtype not in backend.dtypes:
+        raise UsageError(
+            f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
+        )
+    devices = resolve_devices(args.framework, backend.devices(), args.device)
+    if not devices:
+        raise UsageError(f"no {args.device} device is visible to {args.framework}")
+    model = backend.build(config, weights, dtype=args.dtype, device=devices[0])
+    arrays = model.forward(src, tgt_in, attention=not args.no_attention).named()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    atomic_write(out_path, write, size=sum(a.nbytes for a in arrays.values()))
+    summary = {
+        "framework": backend.version(),
+        "device": devices[0],
+        "dtype": args.dtype,
+        "out": str(out_path),
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"wrote {out_path}: {len(arrays)} arrays ({', '.join(list(arrays)[:3])}"
+            f"{', ...' if len(arrays) > 3 else ''}) from {backend.version()} on {devices[0]}, {args.dtype}"
+        )
+    return EXIT_OK
+
+
+def add_forward(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "forward",
+        help="run one framework on your ids and save logits, encoder output and attentions (.npz)",
+        description=(
+            "Run one framework (or the numpy oracle) on token ids you give, and write the logits, "
+            "the encoder output and every attention map to one .npz under the canonical names of "
+            "docs/PARITY.md, to compare our numbers with an implementation of your own."
+        ),
+        epilog="example:\n  rosetta forward --framework torch --weights m.safetensors --src src.npy "
+        "--tgt tgt.npy --out out.npz",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--framework", required=True, choices=list(FRAMEWORKS))
+    p.add_argument(
+        "--weights", required=True, metavar="FILE.safetensors", help="weights in the shared format"
+    )
+    p.add_argument("--src", required=True, metavar="SRC.npy", help="source ids, integer [batch, S]")
+    p.add_argument(
+        "--tgt",
+        required=True,
+        metavar="TGT.npy",
+        help="decoder input ids, integer [batch, T], starting with BOS",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64", "bfloat16"],
+        help="compute dtype (default float32; float64 for numpy, the only one the oracle has)",
+    )
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument(
+        "--no-attention",
+        action="store_true",
+        help="skip the attention maps (takes the fused attention path)",
+    )
+    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write the arrays")
+    p.add_argument("--force", action="store_true", help="overwrite OUT.npz if it exists")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.set_defaults(run=run_forward_command, seed=0)
