@@ -30,7 +30,7 @@ from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa
 from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.inputs import ragged_batch  # noqa: E402
 from common.weights.init import init_weights  # noqa: E402
-from tf_impl.model import decoder_self_mask, padding_mask, sinusoidal_positions  # noqa: E402
+from tf_impl.model import decoder_self_mask, key_padding_mask, sinusoidal_positions  # noqa: E402
 from tf_impl.weights import load_canonical, new_model  # noqa: E402
 
 WARMUP = 2
@@ -96,7 +96,7 @@ class PeerTransformer(keras.Model):
     def call(self, src, tgt_in):
         # Keras MHA takes [B, T, S] masks (True = attend): the same masks as ours, broadcast.
         batch, s, t = src.shape[0], src.shape[1], tgt_in.shape[1]
-        src_mask = padding_mask(src, self.c.pad_id)[:, 0]  # (B, 1, S)
+        src_mask = key_padding_mask(src, self.c.pad_id)[:, 0]  # (B, 1, S)
         encoder_mask = ops.broadcast_to(src_mask, (batch, s, s))
         memory_mask = ops.broadcast_to(src_mask, (batch, t, s))
         self_mask = decoder_self_mask(tgt_in, self.c.pad_id)[:, 0]  # (B, T, T)

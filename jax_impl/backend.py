@@ -22,26 +22,31 @@ from common.weights.format import check_tensors
 from jax_impl import decode, train
 from jax_impl.model import Transformer
 from jax_impl.weights import (
+    export_canonical,
     from_canonical,
     read_native,
-    to_canonical,
-    to_device,
     write_native,
     x64_scope,
 )
 
-MODES = ("eager", "compiled")
-
 
 def _forward(
-    model: Transformer, src: jax.Array, tgt_in: jax.Array, return_probs: bool, hidden_states: bool
+    model: Transformer,
+    src: jax.Array,
+    tgt_in: jax.Array,
+    return_attention: bool,
+    hidden_states: bool,
 ) -> dict:
-    return model(src, tgt_in, return_probs=return_probs, hidden_states=hidden_states)
+    out = model(src, tgt_in, return_attention=return_attention)
+    if not hidden_states:
+        # The model always returns them; left out of the outputs here, XLA drops them under jit.
+        out = {**out, "encoder_hidden_states": None, "decoder_hidden_states": None}
+    return out
 
 
 # One compiled function for every model: nnx.jit keys its cache on the graphdef (the config,
 # dtype and structure) and on the static flags, so each (model kind, shapes) compiles once.
-_forward_compiled = nnx.jit(_forward, static_argnames=("return_probs", "hidden_states"))
+_forward_compiled = nnx.jit(_forward, static_argnames=("return_attention", "hidden_states"))
 
 
 def jax_device(device: str) -> jax.Device:
@@ -54,10 +59,16 @@ def jax_device(device: str) -> jax.Device:
         raise ValueError(f"device: unknown {device!r}; this machine has {known}") from None
 
 
-def _to_numpy(x: jax.Array) -> np.ndarray:
+def to_numpy(x: jax.Array) -> np.ndarray:
     """float64/float32 stay as they are; bfloat16 goes to float32 so numpy can compare it."""
     a = np.asarray(x)
     return a if a.dtype in (np.float64, np.float32) else a.astype(np.float32)
+
+
+def _to_device(model: Transformer, device: jax.Device) -> Transformer:
+    """The model with every array placed on `device` (a jax.Device)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, device))
 
 
 class FlaxStepper:
@@ -78,12 +89,10 @@ class FlaxStepper:
                     self.graphdef, self.state, src_j, beams=beams, max_steps=max_steps
                 )
             else:
-                self.memory_rows = {  # (N, S, d) and (N, S): what reorder gathers
-                    "memory": decode.encode_compiled(self.graphdef, self.state, src_j, beams),
-                    "src": jax.device_put(
-                        np.repeat(src, beams, axis=0).astype(np.int32), model._device
-                    ),
-                }
+                memory, src_rows = decode.encode_rows_compiled(
+                    self.graphdef, self.state, src_j, beams
+                )
+                self.memory_rows = {"memory": memory, "src": src_rows}  # what reorder gathers
                 self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -109,7 +118,7 @@ class FlaxStepper:
                     self.memory_rows["src"],
                 )
             self.steps += 1
-            return _to_numpy(logits)
+            return to_numpy(logits)
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = check_row_ids(rows, "rows", self.rows, self.rows)
@@ -144,7 +153,7 @@ class FlaxModel:
 
     def export(self) -> dict[str, np.ndarray]:
         with self._scope():
-            return to_canonical(self.module)
+            return export_canonical(self.module)
 
     def forward(
         self,
@@ -156,7 +165,7 @@ class FlaxModel:
         mode: str = "eager",
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)  # on the host, before any jit
-        check_mode(MODES, mode)
+        check_mode(FlaxBackend.modes, mode)
         run = _forward_compiled if mode == "compiled" else _forward
         with self._scope():
             # int32 ids: JAX's default integer without x64, and every vocabulary fits.
@@ -164,7 +173,7 @@ class FlaxModel:
                 (src.astype(np.int32), tgt_in.astype(np.int32)), self._device
             )
             out = run(self.module, src_j, tgt_j, attention, hidden_states)
-            out = jax.tree.map(_to_numpy, out)
+            out = jax.tree.map(to_numpy, out)
         return ForwardOutput(**out)
 
     def stepper(
@@ -184,13 +193,15 @@ class FlaxModel:
         with self._scope():
             self.module.train()  # dropout as the config says
             try:
-                loss, metrics, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
+                loss, accuracy, tokens, grads = train.loss_and_grads(
+                    self.module, *self._batch(src, tgt)
+                )
             finally:
                 self.module.eval()
             return LossOutput(
                 loss=float(loss),
-                accuracy=float(metrics["accuracy"]),
-                tokens=int(metrics["tokens"]),
+                accuracy=float(accuracy),
+                tokens=int(tokens),
                 grads=train.canonical_grads(self.module, grads),
             )
 
@@ -207,7 +218,7 @@ class FlaxModel:
             self.module.train()
             try:
                 for src, tgt in batches:
-                    loss, _ = train.train_step(self.module, self._optimizer, *self._batch(src, tgt))
+                    loss = train.train_step(self.module, self._optimizer, *self._batch(src, tgt))
                     losses.append(loss)
             finally:
                 self.module.eval()
@@ -218,7 +229,7 @@ class FlaxModel:
 class FlaxBackend:
     name = "jax"
     dtypes = COMPUTE_DTYPES  # float32, float64 (in a scoped x64 mode), bfloat16
-    modes = MODES
+    modes = ("eager", "compiled")
     native_suffixes = (".msgpack",)
 
     def version(self) -> str:
@@ -241,7 +252,7 @@ class FlaxBackend:
         check_build_request(self, dtype, device)
         target = jax_device(device)
         with x64_scope(dtype):
-            module = to_device(from_canonical(config, weights, dtype), target)
+            module = _to_device(from_canonical(config, weights, dtype), target)
         module.eval()  # deterministic dropout
         return FlaxModel(config, module, dtype, device)
 

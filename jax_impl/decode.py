@@ -7,7 +7,8 @@ Flax's own decoders: `init_cache` returns a pytree, `decode_step` takes it and r
 position `index` included (a scalar array, not a Python int), so the compiled versions below
 compile once per (model kind, N, max_steps, S) and never per position.
 
-The cache (the same names and layouts in torch_impl/decode.py and tf_impl/decode.py):
+The cache (the same names and array layouts as in torch_impl/decode.py and tf_impl/decode.py;
+the index dtype is not the same everywhere: int32 here, JAX's integer without x64, int64 in torch):
     "layers":      one dict per decoder layer:
         "self_key", "self_value":   (N, h, max_steps, k) self-attention buffers, written at index
         "cross_key", "cross_value": (N, h, S, k) the memory's keys and values, computed once
@@ -27,19 +28,31 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_impl.model import Transformer, embed, key_padding_mask, position_table
+from jax_impl.model import Transformer, key_padding_mask
 
+# idiom: a pytree of immutable arrays (torch's is a dataclass of in-place buffers)
 Cache = dict[str, Any]
 
 
+def encode_rows(model: Transformer, src: jax.Array, beams: int) -> tuple[jax.Array, jax.Array]:
+    """Encode src (B, S) once and repeat it for the beams: (memory (N, S, d), src (N, S)) with
+    row r taken from source r // beams."""
+    memory, _, _ = model.encode(src)  # (B, S, d)
+    return jnp.repeat(memory, beams, axis=0), jnp.repeat(src, beams, axis=0)
+
+
 def init_cache(model: Transformer, src: jax.Array, beams: int, max_steps: int) -> Cache:
-    """Encode src (B, S) once and make the cache for B * beams rows and max_steps positions."""
+    """The cache before the first step, for B * beams rows and max_steps positions: the encoder
+    run once on src (B, S), every layer's cross-attention keys and values of the memory, and
+    zeroed self-attention buffers.
+
+    Not encode_rows: the projections are row-wise, so projecting the B rows of the memory and
+    then repeating them gives the same numbers as repeating the memory first, for 1 / beams of
+    the work."""
     c = model.config
     memory, _, _ = model.encode(src)  # (B, S, d)
     layers = []
     for layer in model.decoder.layers:
-        # The projections are row-wise, so projecting the B rows and then repeating them gives
-        # the same numbers as repeating the memory first, for 1 / beams of the work.
         cross_key, cross_value = (
             jnp.repeat(t, beams, axis=0) for t in layer.cross_attention.keys_values(memory)
         )  # (N, h, S, k)
@@ -71,23 +84,23 @@ def decode_step(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[ja
     c = model.config
     index = cache["index"]
     max_steps = cache["key_valid"].shape[1]
-    table = model.table("target")
-    pe = position_table(c, max_steps, model.decoder.position_embedding, table.dtype)
-    pe = jax.lax.dynamic_slice_in_dim(pe, index, 1)  # (1, d): PE[index]
-    x = embed(c, tokens[:, None], table, pe, model.decoder.dropout)  # (N, 1, d)
+    decoder = model.decoder
+    x = decoder.embed(
+        tokens[:, None], start=index, table=model.table("target"), max_steps=max_steps
+    )  # (N, 1, d)
     # The key at `index` is valid unless it is padding; BOS (index 0) always is, even when
     # bos_id == pad_id. Unwritten positions are still False: that is the causal mask.
     key_valid = cache["key_valid"].at[:, index].set((tokens != c.pad_id) | (index == 0))
     self_mask = key_valid[:, None, None, :]  # (N, 1, 1, max_steps)
     layers = []
-    for layer, layer_cache in zip(model.decoder.layers, cache["layers"], strict=True):
+    for layer, layer_cache in zip(decoder.layers, cache["layers"], strict=True):
         x, _, _, layer_cache = layer(
             x, None, self_mask, cache["memory_mask"], cache=layer_cache, index=index
         )
         layers.append(layer_cache)
-    if model.decoder.final_norm is not None:
-        x = model.decoder.final_norm(x)
-    logits = model.output_logits(x[:, 0])  # (N, V)
+    if decoder.final_norm is not None:
+        x = decoder.final_norm(x)
+    logits = model.logits(x[:, 0])  # (N, V)
     return logits, {**cache, "layers": layers, "key_valid": key_valid, "index": index + 1}
 
 
@@ -116,34 +129,32 @@ def prefix_step(
 # still cheaper than eager JAX, whose op-by-op dispatch also compiles every primitive per shape.
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "beams"))
+def encode_rows_compiled(  # idiom: jax.jit over the module split once (see above)
+    graphdef: nnx.GraphDef, state: nnx.State, src: jax.Array, beams: int
+) -> tuple[jax.Array, jax.Array]:
+    return encode_rows(nnx.merge(graphdef, state), src, beams)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "beams", "max_steps"))
-def init_cache_compiled(
+def init_cache_compiled(  # idiom: jax.jit over the module split once (see above)
     graphdef: nnx.GraphDef, state: nnx.State, src: jax.Array, beams: int, max_steps: int
 ) -> Cache:
     return init_cache(nnx.merge(graphdef, state), src, beams, max_steps)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def decode_step_compiled(
+def decode_step_compiled(  # idiom: jax.jit over the module split once (see above)
     graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, cache: Cache
 ) -> tuple[jax.Array, Cache]:
     return decode_step(nnx.merge(graphdef, state), tokens, cache)
 
 
-reorder_cache_compiled = jax.jit(reorder_cache)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "beams"))
-def encode_compiled(
-    graphdef: nnx.GraphDef, state: nnx.State, src: jax.Array, beams: int
-) -> jax.Array:
-    """The uncached baseline's memory: src (B, S) encoded once, repeated to (B * beams, S, d)."""
-    memory, _, _ = nnx.merge(graphdef, state).encode(src)
-    return jnp.repeat(memory, beams, axis=0)
+reorder_cache_compiled = jax.jit(reorder_cache)  # idiom: jax.jit of reorder_cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def prefix_step_compiled(
+def prefix_step_compiled(  # idiom: jax.jit over the module split once (see above)
     graphdef: nnx.GraphDef, state: nnx.State, prefix: jax.Array, memory: jax.Array, src: jax.Array
 ) -> jax.Array:
     return prefix_step(nnx.merge(graphdef, state), prefix, memory, src)

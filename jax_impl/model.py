@@ -178,7 +178,7 @@ class MultiHeadAttention(nnx.Module):
         x_kv: jax.Array | None,
         mask: jax.Array,
         *,
-        return_probs: bool = False,
+        return_attention: bool = False,
         kv: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x_q (B, Tq, d) attends x_kv (B, Tk, d) under mask (B, 1, Tq|1, Tk).
@@ -186,9 +186,8 @@ class MultiHeadAttention(nnx.Module):
         Decoding passes `kv` instead of x_kv: keys and values already projected, as
         keys_values() returns them (B, h, Tk, k), read from its cache.
         Returns (output (B, Tq, d), probabilities (B, h, Tq, Tk) or None). The one place that
-        picks the kernel: explicit when probabilities are asked for, when attention dropout is
-        live (the fused kernel has none), or in float64, because jax.nn.dot_product_attention
-        always rounds its softmax to float32 (that is 1e-8, and float64 parity is 1e-10).
+        picks the kernel: explicit_attention when probabilities are asked for, else
+        fused_attention.
         """
         q = self.query(x_q)  # (B, Tq, h, k)
         if kv is None:
@@ -196,15 +195,13 @@ class MultiHeadAttention(nnx.Module):
         else:
             k, v = (jnp.swapaxes(t, 1, 2) for t in kv)  # (B, h, Tk, k) -> (B, Tk, h, k)
         dropout_live = not self.dropout.deterministic and self.dropout.rate > 0
-        if return_probs or dropout_live or q.dtype == jnp.float64:
-            context, probs = scaled_dot_product_attention(q, k, v, mask, self.dropout)
-            probs = probs if return_probs else None
+        # idiom: explicit also with live attention dropout (the fused kernel has none) and in
+        # float64 (jax.nn.dot_product_attention rounds its softmax to float32: 1e-8 > 1e-10 parity)
+        if return_attention or dropout_live or q.dtype == jnp.float64:
+            context, probs = explicit_attention(q, k, v, mask, self.dropout)
+            probs = probs if return_attention else None
         else:
-            context, probs = jax.nn.dot_product_attention(q, k, v, mask=mask), None
-            # The kernel gives a fully masked query a uniform row over the values; the spec
-            # (and the oracle) give it a zero context, so the output is the bias alone.
-            has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, Tq, 1, 1)
-            context = jnp.where(has_key, context, 0.0)
+            context, probs = fused_attention(q, k, v, mask), None
         return self.output(context), probs
 
 
@@ -235,24 +232,29 @@ class EncoderLayer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         self.config = config
         self.self_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
-        self.self_attention_norm = layer_norm(config, dtype, rngs)
+        self.self_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.feed_forward = FeedForward(config, dtype=dtype, rngs=rngs)
-        self.feed_forward_norm = layer_norm(config, dtype, rngs)
+        self.feed_forward_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def __call__(
-        self, x: jax.Array, mask: jax.Array, *, return_probs: bool = False
+        self, x: jax.Array, mask: jax.Array, *, return_attention: bool = False
     ) -> tuple[jax.Array, jax.Array | None]:
-        c = self.config
+        """x (B, S, d) under mask (B, 1, 1, S). Returns (x, self-attention probs or None)."""
+        pre_norm = self.config.norm_position == "pre"
         x, probs = residual(
-            c,
+            x,
+            lambda y: self.self_attention(y, y, mask, return_attention=return_attention),
             self.self_attention_norm,
             self.dropout,
-            x,
-            lambda y: self.self_attention(y, y, mask, return_probs=return_probs),
+            pre_norm,
         )
         x, _ = residual(
-            c, self.feed_forward_norm, self.dropout, x, lambda y: (self.feed_forward(y), None)
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            pre_norm,
         )
         return x, probs
 
@@ -264,38 +266,39 @@ class DecoderLayer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         self.config = config
         self.self_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
-        self.self_attention_norm = layer_norm(config, dtype, rngs)
+        self.self_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.cross_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
-        self.cross_attention_norm = layer_norm(config, dtype, rngs)
+        self.cross_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.feed_forward = FeedForward(config, dtype=dtype, rngs=rngs)
-        self.feed_forward_norm = layer_norm(config, dtype, rngs)
+        self.feed_forward_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def __call__(
         self,
         x: jax.Array,
-        memory: jax.Array,
+        memory: jax.Array | None,
         self_mask: jax.Array,
         memory_mask: jax.Array,
         *,
-        return_probs: bool = False,
+        return_attention: bool = False,
         cache: dict[str, jax.Array] | None = None,
         index: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
-        """x (B, T, d) over memory (B, S, d). Returns (x, self probs, cross probs, cache).
+        """x (B, T, d) over memory (B, S, d). Returns (x, self probs, cross probs, new cache),
+        always four values; the probabilities are None unless return_attention.
 
         Decoding (jax_impl/decode.py) passes this layer's `cache` entry and the position `index`
         (a traced scalar): x is then that one position (B, 1, d). Its self-attention keys and
         values are written into the cache's (B, h, max_steps, k) buffers at `index` and the
         query attends the whole buffer (self_mask says which positions are valid); cross-attention
         reads the memory's keys and values from the cache, so `memory` is unused. The updated
-        entry is returned (None without a cache).
+        entry is returned (None without a cache): a new dict, as JAX arrays are immutable.
         """
-        c = self.config
+        pre_norm = self.config.norm_position == "pre"
 
         def self_attention(y: jax.Array) -> tuple[jax.Array, tuple]:
             if cache is None:
-                out, probs = self.self_attention(y, y, self_mask, return_probs=return_probs)
+                out, probs = self.self_attention(y, y, self_mask, return_attention=return_attention)
                 return out, (probs, None)
             new = self.self_attention.keys_values(y)  # (B, h, 1, k) each
             keys, values = (
@@ -303,129 +306,154 @@ class DecoderLayer(nnx.Module):
                 for name, t in zip(("self_key", "self_value"), new, strict=True)
             )
             out, probs = self.self_attention(
-                y, None, self_mask, return_probs=return_probs, kv=(keys, values)
+                y, None, self_mask, return_attention=return_attention, kv=(keys, values)
             )
             return out, (probs, {**cache, "self_key": keys, "self_value": values})
 
         def cross_attention(y: jax.Array) -> tuple[jax.Array, jax.Array | None]:
             kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
-            return self.cross_attention(y, memory, memory_mask, return_probs=return_probs, kv=kv)
+            return self.cross_attention(
+                y, memory, memory_mask, return_attention=return_attention, kv=kv
+            )
 
         x, (self_probs, new_cache) = residual(
-            c, self.self_attention_norm, self.dropout, x, self_attention
+            x, self_attention, self.self_attention_norm, self.dropout, pre_norm
         )
-        x, cross_probs = residual(c, self.cross_attention_norm, self.dropout, x, cross_attention)
+        x, cross_probs = residual(
+            x, cross_attention, self.cross_attention_norm, self.dropout, pre_norm
+        )
         x, _ = residual(
-            c, self.feed_forward_norm, self.dropout, x, lambda y: (self.feed_forward(y), None)
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            pre_norm,
         )
         return x, self_probs, cross_probs, new_cache
 
 
-def embedding_param(
-    vocab: int, config: TransformerConfig, dtype: jnp.dtype, rngs: nnx.Rngs
+# -- stacks ------------------------------------------------------------------------------------
+
+
+def _embedding_param(
+    vocab_size: int, config: TransformerConfig, dtype: jnp.dtype, rngs: nnx.Rngs
 ) -> nnx.Param:
-    """[vocab, d] drawn from N(0, d^-0.5), so that after the sqrt(d) scale of section 3.4 the
-    embeddings have unit variance (tensor2tensor)."""
+    """[vocab_size, d] drawn from N(0, d^-0.5), so that after the sqrt(d) scale of section 3.4
+    the embeddings have unit variance (tensor2tensor)."""
     init = nnx.initializers.normal(config.d_model**-0.5)
-    return nnx.Param(init(rngs.params(), (vocab, config.d_model), dtype))
+    return nnx.Param(init(rngs.params(), (vocab_size, config.d_model), dtype))
 
 
-def position_table(
-    config: TransformerConfig,
-    length: int,
-    position_embedding: nnx.Param | None,
-    dtype: jnp.dtype,
-) -> jax.Array:
-    """Section 3.5: PE[0..length-1], (length, d): the sinusoids, or the learned table's rows."""
-    if config.position_kind == "sinusoidal":
-        pe = sinusoidal_positions(length, config.d_model, config.sinusoid_layout)
-        return jnp.asarray(pe, dtype)
-    return position_embedding[:length]  # check_inputs refuses length > max_len first
+class Stack(nnx.Module):
+    """What Encoder and Decoder share: the token embedding (section 3.4; none here when
+    config.share_embeddings puts one table on the Transformer), the position embedding or
+    sinusoids (section 3.5), dropout, N layers and the optional final LayerNorm (pre-norm
+    models and torch's nn.Transformer have one)."""
 
+    layer_class: type[EncoderLayer | DecoderLayer]
 
-def embed(
-    config: TransformerConfig,
-    ids: jax.Array,
-    table: jax.Array,
-    pe: jax.Array,
-    dropout: nnx.Dropout,
-) -> jax.Array:
-    """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE), (B, L, d), where pe
-    (L, d) holds the positions of ids: PE[0..L-1] in a forward, PE[index] in a decoding step."""
-    x = jnp.take(table, ids, axis=0)  # (B, L, d)
-    if config.scale_embeddings:
-        x = x * math.sqrt(config.d_model)
-    return dropout(x + pe[None])
-
-
-class Encoder(nnx.Module):
-    """Section 3.1: a stack of N identical layers over the embedded source (plus a final
-    LayerNorm when config.final_norm: pre-norm models and torch's nn.Transformer have one)."""
-
-    def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        num_layers: int,
+        vocab_size: int,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ) -> None:
         self.config = config
-        # The token table lives here unless share_embeddings puts one table on the Transformer.
         self.embedding = (
-            None
-            if config.share_embeddings
-            else embedding_param(config.src_vocab_size, config, dtype, rngs)
+            None if config.share_embeddings else _embedding_param(vocab_size, config, dtype, rngs)
         )
         self.position_embedding = (
-            embedding_param(config.max_len, config, dtype, rngs)
+            _embedding_param(config.max_len, config, dtype, rngs)
             if config.position_kind == "learned"
             else None
         )
         self.layers = nnx.List(
-            [EncoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_encoder_layers)]
+            [self.layer_class(config, dtype=dtype, rngs=rngs) for _ in range(num_layers)]
         )
-        self.final_norm = layer_norm(config, dtype, rngs) if config.final_norm else None
+        self.final_norm = layer_norm(config, dtype=dtype, rngs=rngs) if config.final_norm else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+    def _position_table(self, length: int, dtype: jnp.dtype) -> jax.Array:
+        """Section 3.5: PE[0..length-1], (length, d): the sinusoids, or the learned table's rows."""
+        c = self.config
+        if c.position_kind == "sinusoidal":
+            return jnp.asarray(sinusoidal_positions(length, c.d_model, c.sinusoid_layout), dtype)
+        return self.position_embedding[:length]  # check_inputs refuses length > max_len first
+
+    def embed(
+        self,
+        ids: jax.Array,
+        *,
+        start: jax.Array | None = None,
+        table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
+        max_steps: int | None = None,  # idiom: jit traces `start`; the table needs a static length
+    ) -> jax.Array:
+        """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
+        (B, L, d), with E = `table`; start None is 0.
+
+        A decoding step passes `start` as a traced scalar (its position) and `max_steps`: the
+        positions are then rows of the table for max_steps positions, sliced at `start`, so the
+        step compiles once for every position.
+        """
+        length = ids.shape[1]
+        if start is None:
+            pe = self._position_table(length, table.dtype)
+        else:
+            pe = self._position_table(max_steps, table.dtype)
+            pe = jax.lax.dynamic_slice_in_dim(pe, start, length)  # (L, d): PE[start..]
+        x = jnp.take(table, ids, axis=0)  # (B, L, d)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        return self.dropout(x + pe[None])
+
+
+class Encoder(Stack):
+    """Section 3.1: a stack of N = num_encoder_layers identical layers over the embedded
+    source."""
+
+    layer_class = EncoderLayer
+
+    def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        super().__init__(
+            config, config.num_encoder_layers, config.src_vocab_size, dtype=dtype, rngs=rngs
+        )
 
     def __call__(
         self,
         src: jax.Array,
         mask: jax.Array,
-        table: jax.Array,
         *,
-        return_probs: bool = False,
-        hidden_states: bool = False,
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-        """src (B, S) ids. Returns (memory (B, S, d), self-attention probs per layer, hidden
-        states: the embedding output and each layer's output, before the final norm)."""
-        pe = position_table(self.config, src.shape[1], self.position_embedding, table.dtype)
-        x = embed(self.config, src, table, pe, self.dropout)
+        return_attention: bool = False,
+        table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
+    ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array]]:
+        """src (B, S) ids, mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention probs
+        per layer or None, hidden states: the embedding output and each layer's output, before
+        the final norm)."""
+        x = self.embed(src, table=table)
         attentions, hidden = [], [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, return_probs=return_probs)
+            x, probs = layer(x, mask, return_attention=return_attention)
             attentions.append(probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, attentions, hidden if hidden_states else []
+        return x, attentions if return_attention else None, hidden
 
 
-class Decoder(nnx.Module):
-    """Section 3.1: a stack of N identical layers over the embedded target, attending to the
-    encoder output (plus a final LayerNorm when config.final_norm)."""
+class Decoder(Stack):
+    """Section 3.1: a stack of N = num_decoder_layers identical layers over the embedded target,
+    attending to the encoder output. Decoding with a cache runs its layers one position at a
+    time in jax_impl/decode.py (decode_step)."""
+
+    layer_class = DecoderLayer
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        self.config = config
-        # The token table lives here unless share_embeddings puts one table on the Transformer.
-        self.embedding = (
-            None
-            if config.share_embeddings
-            else embedding_param(config.tgt_vocab_size, config, dtype, rngs)
+        super().__init__(
+            config, config.num_decoder_layers, config.tgt_vocab_size, dtype=dtype, rngs=rngs
         )
-        self.position_embedding = (
-            embedding_param(config.max_len, config, dtype, rngs)
-            if config.position_kind == "learned"
-            else None
-        )
-        self.layers = nnx.List(
-            [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_decoder_layers)]
-        )
-        self.final_norm = layer_norm(config, dtype, rngs) if config.final_norm else None
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def __call__(
         self,
@@ -433,26 +461,26 @@ class Decoder(nnx.Module):
         memory: jax.Array,
         self_mask: jax.Array,
         memory_mask: jax.Array,
-        table: jax.Array,
         *,
-        return_probs: bool = False,
-        hidden_states: bool = False,
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array], list[jax.Array]]:
-        """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self probs, cross
-        probs, hidden states)."""
-        pe = position_table(self.config, tgt_in.shape[1], self.position_embedding, table.dtype)
-        x = embed(self.config, tgt_in, table, pe, self.dropout)
-        self_attn, cross_attn, hidden = [], [], [x]
+        return_attention: bool = False,
+        table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
+    ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
+        """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self-attention and
+        cross-attention probs per layer or None, hidden states)."""
+        x = self.embed(tgt_in, table=table)
+        self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
-            x, s_probs, c_probs, _ = layer(
-                x, memory, self_mask, memory_mask, return_probs=return_probs
+            x, self_probs, cross_probs, _ = layer(
+                x, memory, self_mask, memory_mask, return_attention=return_attention
             )
-            self_attn.append(s_probs)
-            cross_attn.append(c_probs)
+            self_attentions.append(self_probs)
+            cross_attentions.append(cross_probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, self_attn, cross_attn, hidden if hidden_states else []
+        if not return_attention:
+            return x, None, None, hidden
+        return x, self_attentions, cross_attentions, hidden
 
 
 class Transformer(nnx.Module):
@@ -465,7 +493,7 @@ class Transformer(nnx.Module):
         self.config = config
         c = config
         if c.share_embeddings:  # section 3.4: one matrix for both embeddings
-            self.shared_embedding = embedding_param(c.src_vocab_size, c, dtype, rngs)
+            self.shared_embedding = _embedding_param(c.src_vocab_size, c, dtype, rngs)
         self.encoder = Encoder(c, dtype=dtype, rngs=rngs)
         self.decoder = Decoder(c, dtype=dtype, rngs=rngs)
         if not c.tie_output:
@@ -483,6 +511,7 @@ class Transformer(nnx.Module):
         else:
             self.output = None
 
+    # idiom: one nnx.Param per table (state path = canonical name), looked up by role
     def table(self, role: str) -> jax.Array:
         """The matrix that common.spec.names.embedding_names says `role` reads ("source", "target" or
         "output"), found by its canonical name, e.g. "shared_embedding", "decoder.embedding"."""
@@ -490,12 +519,12 @@ class Transformer(nnx.Module):
         return functools.reduce(getattr, name.split("."), self)[...]
 
     def encode(
-        self, src: jax.Array, *, return_probs: bool = False, hidden_states: bool = False
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-        """src (B, S) -> (memory (B, S, d), self-attention probs, hidden states)."""
+        self, src: jax.Array, *, return_attention: bool = False
+    ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array]]:
+        """src (B, S) -> (memory (B, S, d), self-attention probs or None, hidden states)."""
         mask = key_padding_mask(src, self.config.pad_id)
         return self.encoder(
-            src, mask, self.table("source"), return_probs=return_probs, hidden_states=hidden_states
+            src, mask, return_attention=return_attention, table=self.table("source")
         )
 
     def decode(
@@ -504,24 +533,22 @@ class Transformer(nnx.Module):
         memory: jax.Array,
         src: jax.Array,
         *,
-        return_probs: bool = False,
-        hidden_states: bool = False,
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array], list[jax.Array]]:
+        return_attention: bool = False,
+    ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
         """tgt_in (B, T) shifted right behind BOS, memory (B, S, d) and src (B, S) for its
-        padding -> (logits (B, T, V), self probs, cross probs, hidden states)."""
+        padding -> (logits (B, T, V), self probs or None, cross probs or None, hidden states)."""
         c = self.config
-        y, self_attn, cross_attn, hidden = self.decoder(
+        y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
             decoder_self_mask(tgt_in, c.pad_id),
             key_padding_mask(src, c.pad_id),
-            self.table("target"),
-            return_probs=return_probs,
-            hidden_states=hidden_states,
+            return_attention=return_attention,
+            table=self.table("target"),
         )
-        return self.output_logits(y), self_attn, cross_attn, hidden
+        return self.logits(y), self_attentions, cross_attentions, hidden
 
-    def output_logits(self, y: jax.Array) -> jax.Array:
+    def logits(self, y: jax.Array) -> jax.Array:
         """Section 3.4: the pre-softmax linear transformation of y (..., d) -> (..., V)."""
         c = self.config
         if c.tie_output:  # section 3.4: y E^T
@@ -532,29 +559,23 @@ class Transformer(nnx.Module):
         return self.output(y)
 
     def __call__(
-        self,
-        src: jax.Array,
-        tgt_in: jax.Array,
-        *,
-        return_probs: bool = False,
-        hidden_states: bool = False,
+        self, src: jax.Array, tgt_in: jax.Array, *, return_attention: bool = False
     ) -> dict[str, jax.Array | list[jax.Array] | None]:
         """Teacher-forced forward. Keys are the fields of common.spec.results.ForwardOutput;
-        attentions and hidden states are None unless asked for."""
-        memory, enc_attn, enc_hidden = self.encode(
-            src, return_probs=return_probs, hidden_states=hidden_states
+        attentions are None unless return_attention, hidden states always lists (under jit, a
+        caller that drops them from its outputs lets XLA drop them)."""
+        memory, encoder_attentions, encoder_hidden = self.encode(
+            src, return_attention=return_attention
         )
-        logits, self_attn, cross_attn, dec_hidden = self.decode(
-            tgt_in, memory, src, return_probs=return_probs, hidden_states=hidden_states
+        logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
+            tgt_in, memory, src, return_attention=return_attention
         )
-        probs = (enc_attn, self_attn, cross_attn) if return_probs else (None, None, None)
-        hidden = (enc_hidden, dec_hidden) if hidden_states else (None, None)
         return {
             "logits": logits,
             "encoder_output": memory,
-            "encoder_self_attention": probs[0],
-            "decoder_self_attention": probs[1],
-            "cross_attention": probs[2],
-            "encoder_hidden_states": hidden[0],
-            "decoder_hidden_states": hidden[1],
+            "encoder_self_attention": encoder_attentions,
+            "decoder_self_attention": self_attentions,
+            "cross_attention": cross_attentions,
+            "encoder_hidden_states": encoder_hidden,
+            "decoder_hidden_states": decoder_hidden,
         }

@@ -39,13 +39,10 @@ from common.spec.names import canonical_shapes
 from common.weights.format import check_tensors, weight_file_path
 from jax_impl.model import Transformer
 
-# Canonical tensors that the Flax layout stores transposed or packed: none (see the docstring).
-# Kept as a name so that a reader diffing the three weights.py files sees the difference here.
-TRANSPOSED: tuple[str, ...] = ()
-
-StatePath = tuple[str | int, ...]
+_StatePath = tuple[str | int, ...]
 
 
+# idiom: JAX's x64 mode is a global switch; float64 models need it on, scoped
 def x64_scope(dtype: str) -> contextlib.AbstractContextManager:
     """JAX's 64-bit mode on exactly while building and running a float64 model, off otherwise.
 
@@ -55,19 +52,20 @@ def x64_scope(dtype: str) -> contextlib.AbstractContextManager:
     return jax.enable_x64(dtype == "float64")
 
 
-def canonical_name(path: StatePath) -> str:
+def _canonical_name(path: _StatePath) -> str:
     """The canonical name of an nnx.state path: its parts joined with "."."""
     return ".".join(str(part) for part in path)
 
 
-def attribute_path(path: StatePath) -> str:
+def _attribute_path(path: _StatePath) -> str:
     """How Python code reaches the tensor: model.encoder.layers[0].self_attention.query.kernel."""
     return "model" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-def param_paths(model: Transformer) -> dict[str, StatePath]:
+# idiom: an nnx.Param's state path is its canonical name; train.canonical_grads reads by it too
+def param_paths(model: Transformer) -> dict[str, _StatePath]:
     """{canonical name: nnx.state path} for every nnx.Param, checked against common.spec.names."""
-    paths = {canonical_name(p): p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    paths = {_canonical_name(p): p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     expected = canonical_shapes(model.config)
     if set(paths) != set(expected):
         raise AssertionError(
@@ -82,7 +80,7 @@ def native_name_map(config: TransformerConfig) -> dict[str, str]:
     """{canonical name: how to reach it on a Transformer}, in canonical order (for the docs)."""
     with x64_scope("float32"):
         model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    return {name: attribute_path(path) for name, path in param_paths(model).items()}
+    return {name: _attribute_path(path) for name, path in param_paths(model).items()}
 
 
 def _params_pure_dict(
@@ -105,7 +103,11 @@ def _params_pure_dict(
     return pure
 
 
-def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray], dtype: str) -> None:
+def load_canonical(
+    model: Transformer,
+    weights: Mapping[str, np.ndarray],
+    dtype: str,  # idiom: the cast is on the host (numpy), to the dtype the module was built in
+) -> None:
     """Copy canonical `weights` (any float dtype, cast to `dtype`) into `model` in place."""
     missing = [n for n in canonical_shapes(model.config) if n not in weights]
     if missing:
@@ -115,6 +117,7 @@ def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray], dtype:
     nnx.update(model, state)
 
 
+# idiom: NNX builds a module with its dtype and rngs, then loads: one call for both
 def from_canonical(
     config: TransformerConfig,
     weights: Mapping[str, np.ndarray],
@@ -129,13 +132,14 @@ def from_canonical(
     return model
 
 
-def to_canonical(model: Transformer) -> dict[str, np.ndarray]:
+def export_canonical(model: Transformer) -> dict[str, np.ndarray]:
     """Every canonical tensor, in canonical order and in the model's dtype, bit-exact (bfloat16
     as ml_dtypes.bfloat16 numpy arrays)."""
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     return {name: np.asarray(flat[path][...]) for name, path in param_paths(model).items()}
 
 
+# idiom: Flax's own checkpoint of a live module (the backend writes it from canonical tensors)
 def save_native(model: Transformer, path: str | Path) -> None:
     """Flax's native checkpoint: the nnx.Param state as msgpack (flax.serialization).
 
@@ -193,7 +197,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
             [f"not a Flax checkpoint: the msgpack holds a {type(restored).__name__}, not a tree"],
         )
     try:
-        flat = {canonical_name(p): v for p, v in _leaves(restored)}
+        flat = {_canonical_name(p): v for p, v in _leaves(restored)}
     except ValueError as exc:  # nested deeper than any model
         raise WeightFileError(shown(path), [f"not a Flax checkpoint ({exc})"]) from None
     others = [f"{n} ({type(v).__name__})" for n, v in flat.items() if not isinstance(v, np.ndarray)]
@@ -204,6 +208,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     return {name: np.array(flat[name]) for name in canonical_shapes(config)}
 
 
+# idiom: a module restored from save_native's file (the backend reads canonical tensors)
 def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:
     """A Transformer for `config` in `dtype` restored from save_native's file, every problem of
     the file reported at once, and a file in another dtype refused (not silently cast)."""
@@ -216,7 +221,7 @@ def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float
     return from_canonical(config, tensors, dtype)
 
 
-def _leaves(tree: Mapping, prefix: StatePath = ()) -> Iterator[tuple[StatePath, np.ndarray]]:
+def _leaves(tree: Mapping, prefix: _StatePath = ()) -> Iterator[tuple[_StatePath, np.ndarray]]:
     """(path, array) for every leaf of a nested dict; msgpack gives list indices back as str.
 
     Iterative, with a depth bound: a file nested a thousand deep is refused with ValueError,
@@ -237,9 +242,3 @@ def _leaves(tree: Mapping, prefix: StatePath = ()) -> Iterator[tuple[StatePath, 
             stack.append(((*path, part), iter(value.items())))
         else:
             yield (*path, part), value
-
-
-def to_device(model: Transformer, device: jax.Device) -> Transformer:
-    """The model with every array placed on `device` (a jax.Device)."""
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.device_put(state, device))

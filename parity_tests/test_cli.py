@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.app.cli import main
+from common.app.cli.main import main
 
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.app.cli import main
+from common.app.cli.main import main
 from common.app.tasks import get_task
 from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.adapter.backends import unavailable_reason
-from common.app.cli import main
+from common.app.cli.main import main
 from common.spec.config import preset
 from common.weights.format import load_weights, save_weights
 from common.weights.init import init_weights

@@ -7,7 +7,7 @@ are skipped with "no GPU visible to <framework>", never passed silently.
 
 TF32 (10 explicit mantissa bits, unit roundoff 2^-11 = 4.9e-4) is what Ampere and later GPUs use
 for float32 matmuls unless told not to; it would move float32 results by ~1e-3 and break the
-1e-5 bound. docs/DESIGN.md ("GPU") turns it off everywhere. Two kinds of test hold that in place:
+1e-5 bound. docs/DESIGN.md ("Devices") turns it off everywhere. Two kinds of test hold that in place:
 - the framework flags, checked on any machine (they are process-wide settings): torch
   `backends.cuda.matmul.allow_tf32` False and float32 matmul precision "highest"; TensorFlow
   `tensor_float_32_execution_enabled()` False once the backend is imported; JAX's backend forward

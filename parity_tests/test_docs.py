@@ -19,7 +19,9 @@ def test_generated_tables_are_current():
         pytest.skip(f"the native-name table needs every framework: {missing}")
     for doc, generators in docs.DOCUMENTS.items():
         text = doc.read_text()
-        assert docs.render(text, generators) == text, f"{doc} is stale: run python -m common.docs"
+        assert docs.render(text, generators) == text, (
+            f"{doc} is stale: run python -m common.app.docs"
+        )
 
 
 def test_every_name_the_code_can_produce_is_documented():

@@ -48,12 +48,12 @@ def test_canonical_and_native_round_trips_are_bit_exact(tmp_path, config_id, dty
     config = CONFIGS[config_id]
     canonical = init_weights(config, seed=5, scheme="perturbed", dtype=dtype)
     model = weights.from_canonical(config, canonical, dtype)
-    assert_bit_exact(weights.to_canonical(model), canonical)
+    assert_bit_exact(weights.export_canonical(model), canonical)
 
     path = tmp_path / "model.msgpack"
     weights.save_native(model, path)
     restored = weights.load_native(config, path, dtype)
-    assert_bit_exact(weights.to_canonical(restored), canonical)
+    assert_bit_exact(weights.export_canonical(restored), canonical)
 
 
 def test_state_paths_are_the_canonical_names():
@@ -111,7 +111,7 @@ def test_query_with_no_key_gets_zero_context_on_both_paths(dtype):
         attention.output.bias[...] = jnp.arange(config.d_model, dtype=dtype) / 7
         x = jax.random.normal(jax.random.key(1), (2, 3, config.d_model), dtype)
         mask = jnp.asarray(key_padding_mask(np.array([[4, 5, 0], [0, 0, 0]]), 0))
-        explicit, probs = attention(x, x, mask, return_probs=True)
+        explicit, probs = attention(x, x, mask, return_attention=True)
         fused, none = attention(x, x, mask)
     assert none is None
     assert np.all(np.isfinite(np.asarray(fused)))

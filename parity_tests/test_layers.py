@@ -15,6 +15,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = (
     "common/ is layered",
     "the framework-free core imports no framework",
+    "each implementation is layered alike",
     "the three implementations are independent of each other",
     "an implementation builds on the core, never on the application",
     "no import cycles among the modules of any package",

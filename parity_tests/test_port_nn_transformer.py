@@ -390,7 +390,7 @@ def test_infer_sizes_reads_what_the_state_dict_tells():
 def test_rosetta_convert_infers_nn_transformer_from_a_pt_file(tmp_path, capsys):
     """The whole CLI path: torch.save the pipeline, convert with the kind inferred from the
     tensor names, and the shared file's logits match the pipeline's slow path."""
-    from common.app.cli import main
+    from common.app.cli.main import main
     from common.weights.format import load_weights
 
     c = case_config("post-relu")

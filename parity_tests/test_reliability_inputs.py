@@ -1,6 +1,6 @@
 """Reading what a user hands us: every bad file is one line on stderr and exit 2, never a traceback.
 
-Four classes of input, each probed through `rosetta` itself (common.app.cli.main) and fuzzed below
+Four classes of input, each probed through `rosetta` itself (common.app.cli.main.main) and fuzzed below
 the CLI with hypothesis: weight files (safetensors headers of the wrong types, shapes or offsets,
 nesting, links, FIFOs and devices), config JSON (ours and a Marian config.json), token ids
 (.npy/.npz judged from their headers) and torch checkpoints (what the bytes are instead). A FIFO
@@ -26,7 +26,8 @@ import safetensors.numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.app.cli import load_ids, load_inputs, main
+from common.app.cli.args import load_ids, load_inputs
+from common.app.cli.main import main
 from common.errors import RosettaError
 from common.files import safe_read
 from common.porting import marian

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.app.cli import main
+from common.app.cli.main import main
 from common.app.tasks import get_task
 from common.spec.config import preset
 from common.weights.format import load_weights, nonfinite_counts, save_weights
@@ -123,7 +123,7 @@ def test_forward_needs_force_to_replace_an_existing_npz(capsys, tmp_path, ids):
 def test_train_refuses_an_existing_out_before_training(capsys, tmp_path, monkeypatch):
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"precious")
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
     code, stdout, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out
     )
@@ -247,7 +247,7 @@ def test_the_written_file_has_ordinary_permissions(capsys, tmp_path):
 def test_forward_outputs_that_cannot_be_written(capsys, tmp_path, ids, monkeypatch, out, needle):
     (tmp_path / "folder.npz").mkdir()
     (tmp_path / "file.npz").write_bytes(b"x")
-    monkeypatch.setattr("common.app.cli.get_backend", _no_backend)
+    monkeypatch.setattr("common.app.cli.forward.get_backend", _no_backend)
     code, _, err = run(
         capsys, "forward", "--framework", "numpy", "--weights", VECTOR,
         "--src", ids[0], "--tgt", ids[1], "--out", out.format(tmp=tmp_path),
@@ -271,7 +271,7 @@ def test_a_read_only_folder_is_refused_before_the_work(capsys, tmp_path, ids, mo
             pytest.skip("this user writes in a read-only folder (root); /proc covers the case")
         except PermissionError:
             pass
-        monkeypatch.setattr("common.app.cli.get_backend", _no_backend)
+        monkeypatch.setattr("common.app.cli.forward.get_backend", _no_backend)
         code, _, err = run(
             capsys, "forward", "--framework", "numpy", "--weights", VECTOR,
             "--src", ids[0], "--tgt", ids[1], "--out", folder / "out.npz",
@@ -283,7 +283,7 @@ def test_a_read_only_folder_is_refused_before_the_work(capsys, tmp_path, ids, mo
 
 def test_train_checks_the_loss_plot_before_training(capsys, tmp_path, monkeypatch):
     (tmp_path / "m.loss.png").mkdir()
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers",
         "--out", tmp_path / "m.safetensors", "--plot",
@@ -295,7 +295,7 @@ def test_train_checks_the_loss_plot_before_training(capsys, tmp_path, monkeypatc
 @pytest.mark.parametrize("command", ["train", "demo"])
 def test_a_read_only_current_folder_is_refused_before_training(capsys, monkeypatch, command):
     monkeypatch.chdir("/proc")
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr(f"common.app.cli.{command}.run_training", _no_training)
     argv = ["train", "--framework", "torch", "--task", "numbers", "--out", "m.safetensors"]
     code, _, err = run(capsys, *(argv if command == "train" else ["demo"]))
     refused(code, err, "cannot write")
@@ -305,14 +305,14 @@ def test_demo_refuses_to_overwrite_an_earlier_demo_without_force(capsys, tmp_pat
     folder = tmp_path / "demo"
     folder.mkdir()
     (folder / "loss.png").write_bytes(b"earlier")
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
     code, _, err = run(capsys, "demo", "--out", folder)
     refused(code, err, "loss.png exists; pass --force")
     assert (folder / "loss.png").read_bytes() == b"earlier"
 
 
 def test_demo_leaves_no_folder_when_it_fails_before_writing(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
     with pytest.raises(AssertionError, match="training started"):
         main(["demo", "--out", str(tmp_path / "new" / "demo")])
     assert list(tmp_path.iterdir()) == []
@@ -353,7 +353,7 @@ def test_train_without_steps_uses_the_tasks_default(capsys, tmp_path, monkeypatc
         raise KeyboardInterrupt  # stop here: the default is what is being checked
 
     backend_or_skip("torch")
-    monkeypatch.setattr("common.app.cli_train.run_training", record)
+    monkeypatch.setattr("common.app.cli.train.run_training", record)
     code = main(["train", "--framework", "torch", "--task", "numbers", "--out",
                  str(tmp_path / "m.safetensors")])  # fmt: skip
     assert code == 130 and seen == {"steps": 3000}  # the default the README documents
@@ -582,7 +582,7 @@ def test_train_never_writes_its_loss_plot_over_its_starting_weights(capsys, tmp_
     weights = tmp_path / "m.loss.png"
     save_weights(weights, init_weights(task.config(), seed=0), task.config(), "t", task="numbers")
     before = weights.read_bytes()
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers", "--weights", weights,
         "--out", tmp_path / "m.safetensors", "--plot", "--force",
@@ -606,7 +606,7 @@ def test_convert_never_writes_into_the_folder_it_reads(capsys, tmp_path):
 def test_a_file_name_too_long_for_the_file_system_is_refused_before_training(
     capsys, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
     out = tmp_path / ("x" * 300 + ".safetensors")
     code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
     refused(code, err, "File name too long")
@@ -639,7 +639,7 @@ def test_a_disk_too_small_is_refused_before_writing(capsys, base_file, small_dis
 
 def test_train_refuses_a_disk_too_small_before_training(capsys, small_disk, monkeypatch):
     (small_disk / "filler").write_bytes(b"\0" * 150_000)
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers",
         "--out", small_disk / "m.safetensors",
@@ -653,7 +653,7 @@ def test_plots_and_demos_refuse_a_disk_too_small_before_running(
     capsys, small_disk, monkeypatch, command
 ):
     monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
-    monkeypatch.setattr("common.app.cli_train.run_training", _no_training)
+    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
     argv = {
         "parity": ["parity", "--frameworks", "torch", "--plot", small_disk / "plots"],
         "demo": ["demo", "--out", small_disk / "demo"],
@@ -679,8 +679,8 @@ def test_a_destination_that_appears_during_the_work_is_not_replaced(capsys, tmp_
         return [1.0]
 
     backend_or_skip("torch")
-    monkeypatch.setattr("common.app.cli_train.run_training", someone_else_writes)
-    monkeypatch.setattr("common.app.cli_train.exact_match", lambda *a: (0.0, []))
+    monkeypatch.setattr("common.app.cli.train.run_training", someone_else_writes)
+    monkeypatch.setattr("common.app.cli.train.exact_match", lambda *a: (0.0, []))
     code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
     assert code == 2 and "appeared while this command worked" in err.splitlines()[-1]
     assert out.read_bytes() == b"theirs"

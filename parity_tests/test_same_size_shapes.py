@@ -21,7 +21,7 @@ import pytest
 import safetensors.numpy
 
 from common.adapter.backends import unavailable_reason
-from common.app.cli import main
+from common.app.cli.main import main
 from common.errors import WeightFileError
 from common.spec.names import canonical_shapes
 from common.weights import format as fmt

@@ -16,7 +16,7 @@ from common.spec.inputs import ragged_batch  # noqa: E402
 from common.spec.tolerances import atol_for  # noqa: E402
 from common.weights.init import init_weights  # noqa: E402
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID  # noqa: E402
-from torch_impl.backend import TorchBackend, to_numpy, to_torch  # noqa: E402
+from torch_impl.backend import TorchBackend, _to_torch, to_numpy  # noqa: E402
 from torch_impl.model import Transformer  # noqa: E402
 from torch_impl.weights import (  # noqa: E402
     canonical_from_state_dict,
@@ -30,7 +30,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 def canonical_torch(config, dtype, seed=0):
     weights = init_weights(config, seed, scheme="perturbed", dtype=dtype)
-    return weights, {name: to_torch(w) for name, w in weights.items()}
+    return weights, {name: _to_torch(w) for name, w in weights.items()}
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -102,14 +102,14 @@ def test_dropout_only_in_training():
     src, tgt = (torch.from_numpy(a) for a in ragged_batch(config, 2, 6, 5, seed=5))
     torch.manual_seed(0)
     model.train()
-    assert not torch.equal(model(src, tgt), model(src, tgt))
-    for need_weights in (True, False):  # dropout on probabilities in the explicit path too
-        y1 = model.decode(tgt, model.encode(src)[0], src, need_weights=need_weights)[0]
-        y2 = model.decode(tgt, model.encode(src)[0], src, need_weights=need_weights)[0]
+    assert not torch.equal(model(src, tgt)["logits"], model(src, tgt)["logits"])
+    for explicit in (True, False):  # dropout on probabilities in the explicit path too
+        y1 = model.decode(tgt, model.encode(src)[0], src, return_attention=explicit)[0]
+        y2 = model.decode(tgt, model.encode(src)[0], src, return_attention=explicit)[0]
         assert not torch.equal(y1, y2)
     model.eval()
     with torch.inference_mode():
-        assert torch.equal(model(src, tgt), model(src, tgt))
+        assert torch.equal(model(src, tgt)["logits"], model(src, tgt)["logits"])
 
 
 def test_bfloat16_forward_tracks_the_oracle():

@@ -23,6 +23,7 @@ from common.spec.masks import shift_right  # noqa: E402
 from common.spec.results import ForwardOutput, LossOutput  # noqa: E402
 from common.weights.format import check_tensors  # noqa: E402
 from tf_impl.decode import (  # noqa: E402
+    encode_rows,
     init_cache,
     prefix_function,
     reorder_function,
@@ -31,10 +32,11 @@ from tf_impl.decode import (  # noqa: E402
 from tf_impl.model import Transformer  # noqa: E402
 from tf_impl.train import (  # noqa: E402
     Adam,
-    NoamSchedule,
-    gradient_function,
+    canonical_grads,
+    loss_and_grads,
     make_optimizer,
-    train_step_function,
+    noam_schedule,
+    train_step,
 )
 from tf_impl.weights import (  # noqa: E402
     KERAS_SUFFIX,
@@ -42,24 +44,23 @@ from tf_impl.weights import (  # noqa: E402
     load_canonical,
     new_model,
     read_native,
-    variables_by_name,
     write_native,
 )
 
-# Parity on a GPU needs full float32 matmuls (design.md, "GPU").
+# Parity on a GPU needs full float32 matmuls (docs/DESIGN.md, "Devices").
 tf.config.experimental.enable_tensor_float_32_execution(False)
 
-ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
-HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
+_ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+_HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
 
 
-def _tf_device(device: str) -> str:
+def tf_device(device: str) -> str:
     """'cpu' -> '/CPU:0', 'gpu:N' -> '/GPU:N'."""
     kind, _, index = device.partition(":")
     return f"/{kind.upper()}:{index or 0}"
 
 
-def _to_numpy(x: tf.Tensor) -> np.ndarray:
+def to_numpy(x: tf.Tensor) -> np.ndarray:
     array = keras.ops.convert_to_numpy(x)
     # numpy cannot compute in bfloat16; float32 holds every bfloat16 value exactly.
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
@@ -70,41 +71,39 @@ class KerasStepper:
     the prefix) held between steps. Made by KerasModel.stepper."""
 
     def __init__(
-        self, owner: KerasModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
+        self, model: KerasModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
     ) -> None:
-        self.owner, self.max_steps, self.cached, self.steps = owner, max_steps, cached, 0
+        self.model, self.max_steps, self.cached, self.steps = model, max_steps, cached, 0
         self.rows = src.shape[0] * beams
-        fns = owner.decode_functions()
-        with tf.device(_tf_device(owner.device)):
+        fns = model.decode_functions()
+        with tf.device(tf_device(model.device)):
             src_tensor = tf.constant(src)
             if cached:
-                self.cache = init_cache(owner.model, src_tensor, beams, max_steps)
+                self.cache = init_cache(model.module, src_tensor, beams, max_steps)
             else:
                 # Uncached, the memory is still encoded once: it is the decoder prefix that every
                 # step recomputes.
-                memory, _, _ = owner.model.encode(src_tensor, training=False)
-                self.memory = tf.repeat(memory, beams, axis=0)  # (N, S, d)
-                self.src = tf.repeat(src_tensor, beams, axis=0)  # (N, S)
+                self.memory, self.src = encode_rows(model.module, src_tensor, beams)
                 self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
         self._step, self._reorder, self._prefix = fns["step"], fns["reorder"], fns["prefix"]
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Feed tokens (N,) at the next position; that position's logits (N, V)."""
         check_step_budget(self.steps, self.max_steps)
-        tokens = check_row_ids(tokens, "tokens", self.rows, self.owner.config.tgt_vocab_size)
-        with tf.device(_tf_device(self.owner.device)):
+        tokens = check_row_ids(tokens, "tokens", self.rows, self.model.config.tgt_vocab_size)
+        with tf.device(tf_device(self.model.device)):
             if self.cached:
                 logits, self.cache = self._step(tf.constant(tokens), self.cache)
             else:
                 self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)
                 logits = self._prefix(tf.constant(self.prefix), self.memory, self.src)
         self.steps += 1
-        return _to_numpy(logits)
+        return to_numpy(logits)
 
     def reorder(self, rows: np.ndarray) -> None:
         """Row i continues as the old row rows[i] from now on (beam search)."""
         rows = check_row_ids(rows, "rows", self.rows, self.rows)
-        with tf.device(_tf_device(self.owner.device)):
+        with tf.device(tf_device(self.model.device)):
             if self.cached:
                 self.cache = self._reorder(self.cache, tf.constant(rows))
             else:
@@ -119,21 +118,21 @@ class KerasModel:
     def __init__(
         self,
         config: TransformerConfig,
-        model: Transformer,
+        module: Transformer,
         dtype: str,
         device: str,
-        jit_compile: bool = False,
+        jit_compile: bool = False,  # idiom: XLA or not is a tf.function argument
     ) -> None:
         self.config = config
         self.dtype = dtype
         self.device = device
-        self.model = model
+        self.module = module
         self.jit_compile = jit_compile
         self._compiled: dict[bool, Callable] = {}
         # Training state (tf_impl/train.py), made on first use. One optimizer for the model's
         # lifetime, so that Adam's moments and its step count (Noam's step) carry across calls;
         # one compiled step per (warmup, factor), the schedule being baked into its trace.
-        self._gradient_fn: Callable | None = None
+        self._loss_and_grads: Callable | None = None
         self._optimizer: Adam | None = None
         self._train_fns: dict[tuple[int, float], Callable] = {}
         # Decoding (tf_impl/decode.py): one tf.function each, made on first use, so that their
@@ -141,17 +140,17 @@ class KerasModel:
         self._decode_fns: dict[str, Callable] | None = None
 
     def export(self) -> dict[str, np.ndarray]:
-        return export_canonical(self.model)
+        return export_canonical(self.module)
 
     def _compiled_forward(self, attention: bool) -> Callable:
         """A tf.function eval forward, one per attention path (traced again per input shape);
         XLA-compiled when jit_compile is set."""
         if attention not in self._compiled:
-            model = self.model
+            model = self.module
 
             @tf.function(jit_compile=self.jit_compile)
             def forward(src: tf.Tensor, tgt_in: tf.Tensor) -> dict:
-                return model(src, tgt_in, training=False, return_attention=attention)
+                return model(src, tgt_in, return_attention=attention, training=False)
 
             self._compiled[attention] = forward
         return self._compiled[attention]
@@ -167,30 +166,31 @@ class KerasModel:
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         check_mode(KerasBackend.modes, mode)
-        with tf.device(_tf_device(self.device)):
+        with tf.device(tf_device(self.device)):
             if mode == "compiled":
                 out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
             else:
-                out = self.model(src, tgt_in, training=False, return_attention=attention)
+                out = self.module(src, tgt_in, return_attention=attention, training=False)
         lists = {}
-        for key in ATTENTION_KEYS if attention else ():
-            lists[key] = [_to_numpy(a) for a in out[key]]
-        for key in HIDDEN_KEYS if hidden_states else ():
-            lists[key] = [_to_numpy(h) for h in out[key]]
+        for key in _ATTENTION_KEYS if attention else ():
+            lists[key] = [to_numpy(a) for a in out[key]]
+        for key in _HIDDEN_KEYS if hidden_states else ():
+            lists[key] = [to_numpy(h) for h in out[key]]
         return ForwardOutput(
-            logits=_to_numpy(out["logits"]),
-            encoder_output=_to_numpy(out["encoder_output"]),
+            logits=to_numpy(out["logits"]),
+            encoder_output=to_numpy(out["encoder_output"]),
             **lists,
         )
 
+    # idiom: tf.function traces live with their function; the tests count them
     def decode_functions(self) -> dict[str, Callable]:
         """The compiled decoding functions of this model: "step" (cached; XLA when jit_compile
         is set), "reorder" and "prefix" (uncached; a graph, never XLA)."""
         if self._decode_fns is None:
             self._decode_fns = {
-                "step": step_function(self.model, self.jit_compile),
+                "step": step_function(self.module, self.jit_compile),
                 "reorder": reorder_function(),
-                "prefix": prefix_function(self.model),
+                "prefix": prefix_function(self.module),
             }
         return self._decode_fns
 
@@ -213,16 +213,22 @@ class KerasModel:
     def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
         """Label-smoothed loss over non-pad targets and its gradient for every canonical tensor
         (a tf.GradientTape in a tf.function; see tf_impl/train.py)."""
-        with tf.device(_tf_device(self.device)):
-            if self._gradient_fn is None:
-                self._gradient_fn = gradient_function(self.model, self.jit_compile)
-            loss, accuracy, tokens, grads = self._gradient_fn(*self._training_inputs(src, tgt))
-        names = list(variables_by_name(self.model))  # the order train.py differentiates in
+        with tf.device(tf_device(self.device)):
+            if self._loss_and_grads is None:
+                model = self.module
+
+                # idiom: one tf.function (XLA with jit_compile) per model, traced per shape
+                @tf.function(jit_compile=self.jit_compile)
+                def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
+                    return loss_and_grads(model, src, tgt_in, tgt)
+
+                self._loss_and_grads = compiled
+            loss, accuracy, tokens, grads = self._loss_and_grads(*self._training_inputs(src, tgt))
         return LossOutput(
             loss=float(loss),
             accuracy=float(accuracy),
             tokens=int(tokens),
-            grads={name: _to_numpy(g) for name, g in zip(names, grads, strict=True)},
+            grads={n: to_numpy(g) for n, g in canonical_grads(self.module, grads).items()},
         )
 
     def train_steps(
@@ -232,14 +238,19 @@ class KerasModel:
         at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
         taken before its update."""
         key = (warmup, factor)
-        with tf.device(_tf_device(self.device)):
+        with tf.device(tf_device(self.device)):
             if self._optimizer is None:
-                self._optimizer = make_optimizer(self.config, warmup, factor)
+                self._optimizer = make_optimizer(self.module, warmup, factor)
             if key not in self._train_fns:
-                self._optimizer.learning_rate = NoamSchedule(self.config.d_model, warmup, factor)
-                self._train_fns[key] = train_step_function(
-                    self.model, self._optimizer, self.jit_compile
-                )
+                self._optimizer.learning_rate = noam_schedule(self.config.d_model, warmup, factor)
+                model, optimizer = self.module, self._optimizer
+
+                # idiom: one tf.function (XLA with jit_compile) per schedule, baked into its trace
+                @tf.function(jit_compile=self.jit_compile)
+                def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
+                    return train_step(model, optimizer, src, tgt_in, tgt)
+
+                self._train_fns[key] = compiled
             step = self._train_fns[key]
             return [float(step(*self._training_inputs(src, tgt))) for src, tgt in batches]
 
@@ -258,7 +269,7 @@ class KerasBackend:
     modes = ("eager", "compiled")
     native_suffixes = (KERAS_SUFFIX,)
 
-    def __init__(self, jit_compile: bool = False) -> None:
+    def __init__(self, jit_compile: bool = False) -> None:  # idiom: tf.function's XLA switch
         self.jit_compile = jit_compile
 
     def version(self) -> str:
@@ -277,7 +288,7 @@ class KerasBackend:
         device: str = "cpu",
     ) -> KerasModel:
         check_build_request(self, dtype, device)
-        with tf.device(_tf_device(device)):
+        with tf.device(tf_device(device)):
             model = new_model(config, dtype)
             load_canonical(model, weights)
         return KerasModel(config, model, dtype, device, self.jit_compile)

@@ -16,6 +16,7 @@ V vocabulary.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -27,13 +28,14 @@ from common.spec.config import TransformerConfig
 # -- masks: small pure functions mirroring common/spec/masks.py (boolean, True = may attend) ---------
 
 
-def padding_mask(ids: Any, pad_id: int) -> Any:
+def key_padding_mask(ids: Any, pad_id: int) -> Any:
     """[B, 1, 1, K]: a key may be attended iff it is not padding."""
     return ops.not_equal(ids, pad_id)[:, None, None, :]
 
 
-def decoder_padding_mask(ids: Any, pad_id: int) -> Any:
-    """[B, 1, 1, T]: as padding_mask, but position 0 (BOS, which may equal pad) is always visible."""
+def decoder_key_padding_mask(ids: Any, pad_id: int) -> Any:
+    """[B, 1, 1, T]: as key_padding_mask, but position 0 (BOS, which may equal pad) is always
+    visible."""
     first = ops.equal(ops.arange(ops.shape(ids)[1]), 0)[None, :]  # (1, T)
     return ops.logical_or(ops.not_equal(ids, pad_id), first)[:, None, None, :]
 
@@ -46,11 +48,22 @@ def causal_mask(length: int) -> Any:
 
 def decoder_self_mask(tgt_in: Any, pad_id: int) -> Any:
     """[B, 1, T, T]: decoder self-attention is causal and skips padding."""
-    return ops.logical_and(decoder_padding_mask(tgt_in, pad_id), causal_mask(ops.shape(tgt_in)[1]))
+    return ops.logical_and(
+        decoder_key_padding_mask(tgt_in, pad_id), causal_mask(ops.shape(tgt_in)[1])
+    )
+
+
+# -- positions, activations, precision --------------------------------------------------------
 
 
 def sinusoidal_positions(
-    length: int, d_model: int, layout: str, dtype: str, start: Any = None
+    length: int,
+    d_model: int,
+    layout: str,
+    # idiom: keras.ops picks no float64 by itself, and a compiled decode step passes its
+    # position as a tensor `start`, so that it does not retrace per position
+    dtype: str,
+    start: Any = None,
 ) -> Any:
     """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
 
@@ -68,32 +81,126 @@ def sinusoidal_positions(
     return ops.concatenate([ops.sin(angle), ops.cos(angle)], axis=-1)
 
 
-def activation(name: str, x: Any) -> Any:
-    """relu: max(0, x), Eq. (2). gelu: x Phi(x) with the exact erf. gelu_tanh: its tanh form.
+# GELU is written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants pass
+# through float32 (errors ~5e-9 in a float64 model).
 
-    Written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants pass
-    through float32 (errors ~5e-9 in a float64 model).
-    """
-    if name == "relu":
-        return ops.relu(x)
-    if name == "gelu":
-        return 0.5 * x * (1.0 + ops.erf(x / math.sqrt(2.0)))
+
+def _gelu(x: Any) -> Any:
+    """x Phi(x) with the exact erf."""
+    return 0.5 * x * (1.0 + ops.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x: Any) -> Any:
+    """GELU's tanh form."""
     inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
     return 0.5 * x * (1.0 + ops.tanh(inner))
 
 
-def _statistics_dtype(dtype: str) -> str:
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
+    "relu": ops.relu,  # max(0, x), Eq. (2)
+    "gelu": _gelu,  # deviation, flagged: for ported models
+    "gelu_tanh": _gelu_tanh,
+}
+
+
+def statistics_dtype(dtype: str) -> str:
     """Softmax and positions run in float32 or wider, even when the model computes in bfloat16."""
     return "float64" if dtype == "float64" else "float32"
+
+
+# -- attention (Eq. 1) ------------------------------------------------------------------------
+
+
+def explicit_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any,
+    dropout: layers.Dropout,
+    training: bool | None = None,  # idiom: a Keras Dropout takes `training` per call
+) -> tuple[Any, Any]:
+    """Eq. (1), section 3.2.1: softmax(Q K^T / sqrt(d_k)) V, with the probabilities kept.
+
+    q (B, T, h, k), k and v (B, S, h, k): Keras's head layout (EinsumDense's), heads after the
+    positions; mask broadcastable to (B, h, T, S). Returns (context (B, T, h, k), the
+    post-softmax, pre-dropout probabilities (B, h, T, S)). Masked scores get the finite minimum
+    of the softmax dtype (never -inf, which turns a fully masked row into NaN); probabilities are
+    then zeroed where the mask is False.
+    """
+    dtype = keras.backend.standardize_dtype(q.dtype)  # the layer's compute dtype
+    softmax_dtype = statistics_dtype(dtype)
+    scores = ops.einsum("btnk,bsnk->bnts", q, k) / math.sqrt(q.shape[-1])  # (B, h, T, S)
+    scores = ops.cast(scores, softmax_dtype)
+    scores = ops.where(mask, scores, float(np.finfo(softmax_dtype).min))
+    # softmax written out (as the oracle does) rather than ops.softmax, which warns on every
+    # length-1 key axis, a case the tests use on purpose.
+    weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    probs = ops.where(mask, weights / ops.sum(weights, axis=-1, keepdims=True), 0.0)
+    probs = ops.cast(probs, dtype)
+    context = ops.einsum("bnts,bsnk->btnk", dropout(probs, training=training), v)
+    return context, probs  # (B, T, h, k), (B, h, T, S)
+
+
+def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    """Eq. (1) through keras.ops.dot_product_attention (XLA-style kernel on TF and JAX, SDPA on
+    torch), in explicit_attention's (B, T, h, k) layout; returns the context (B, T, h, k). Its
+    masked rows with no allowed key come out uniform (or NaN on some kernels); they are set to
+    zero here, as on the explicit path."""
+    # 1/sqrt(d_k) is applied to q here, not passed as `scale`: the TF backend turns a Python
+    # float scale into a float32 tensor, which costs float64 models ~1e-7, and the torch
+    # backend takes no tensor scale.
+    q = q / math.sqrt(q.shape[-1])
+    context = ops.dot_product_attention(q, k, v, mask=mask, scale=1.0)
+    has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T|1, 1, 1)
+    return ops.where(has_key, context, ops.zeros_like(context))  # (B, T, h, k)
+
+
+# -- sublayer wiring (section 3.1) ------------------------------------------------------------
+
+
+def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.LayerNormalization:
+    """Ba et al. 2016, with epsilon from the config: Keras's default (1e-3) is a classic parity
+    bug."""
+    return layers.LayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
+
+
+def residual(
+    x: Any,
+    sublayer: Callable[[Any], tuple[Any, Any]],
+    norm: layers.LayerNormalization,
+    dropout: layers.Dropout,
+    pre_norm: bool,
+    training: bool | None = None,  # idiom: a Keras Dropout takes `training` per call
+) -> tuple[Any, Any]:
+    """Section 3.1: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
+    pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
+
+    `sublayer` maps its input to (output, extra); returns (new x, extra)."""
+    out, extra = sublayer(norm(x) if pre_norm else x)
+    x = x + dropout(out, training=training)
+    return (x if pre_norm else norm(x)), extra
+
+
+# -- layers -----------------------------------------------------------------------------------
 
 
 def _config_from(value: TransformerConfig | dict) -> TransformerConfig:
     return value if isinstance(value, TransformerConfig) else TransformerConfig.from_dict(value)
 
 
-# -- layers -----------------------------------------------------------------------------------
+class _ConfigLayer(layers.Layer):
+    """A layer made from the model's config, which get_config serialises (so that Keras's
+    from_config can rebuild it)."""
+
+    def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = _config_from(config)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "config": self.config.to_dict()}
 
 
+# idiom: works around Keras 3.15's TensorFlow ops.add, which adds a per-head bias along T
 class HeadProjection(layers.EinsumDense):
     """layers.EinsumDense with its bias added by `+` rather than `ops.add`.
 
@@ -108,7 +215,7 @@ class HeadProjection(layers.EinsumDense):
         return x if self.bias is None else x + ops.convert_to_tensor(self.bias, x.dtype)
 
 
-class MultiHeadAttention(layers.Layer):
+class MultiHeadAttention(_ConfigLayer):
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
     head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), with Attention from Eq. (1).
 
@@ -117,22 +224,12 @@ class MultiHeadAttention(layers.Layer):
     key gets all-zero probabilities and a zero context (so the output is just W^O's bias).
     """
 
-    def __init__(
-        self,
-        num_heads: int,
-        key_dim: int,
-        use_bias: bool = True,
-        dropout: float = 0.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.use_bias = use_bias
-        self.dropout_rate = dropout
-        bias = "nk" if use_bias else None
+    def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        c = self.config
+        bias = "nk" if c.attention_bias else None
         policy = self.dtype_policy
-        shape = (None, num_heads, key_dim)
+        shape = (None, c.num_heads, c.head_dim)
         self.query = HeadProjection(
             "btd,dnk->btnk", shape, bias_axes=bias, name="query", dtype=policy
         )
@@ -140,186 +237,93 @@ class MultiHeadAttention(layers.Layer):
         self.value = HeadProjection(
             "bsd,dnk->bsnk", shape, bias_axes=bias, name="value", dtype=policy
         )
-        self.dropout = layers.Dropout(dropout, dtype=policy)
-
-    def build(self, query_shape: tuple, key_value_shape: tuple | None = None) -> None:
-        key_value_shape = query_shape if key_value_shape is None else key_value_shape
-        self.query.build(query_shape)
-        self.key.build(key_value_shape)
-        self.value.build(key_value_shape)
-        # Created here because W^O's width (d_model) comes from the query's shape. `output` is a
-        # read-only property of every Keras layer, hence the longer attribute name; the layer's
-        # name (and so its variables' paths) is still "output".
+        # `output` is a read-only property of every Keras layer, hence the longer attribute name;
+        # the layer's name (and so its variables' paths) is still "output".
         self.output_projection = HeadProjection(
             "btnk,nkd->btd",
-            (None, query_shape[-1]),
-            bias_axes="d" if self.use_bias else None,
+            (None, c.d_model),
+            bias_axes="d" if c.attention_bias else None,
             name="output",
-            dtype=self.dtype_policy,
+            dtype=policy,
         )
-        self.output_projection.build((None, None, self.num_heads, self.key_dim))
+        self.dropout = layers.Dropout(c.attention_dropout, dtype=policy)
+
+    def build(self, x_q_shape: tuple, x_kv_shape: tuple | None = None) -> None:
+        x_kv_shape = x_q_shape if x_kv_shape is None else x_kv_shape
+        self.query.build(x_q_shape)
+        self.key.build(x_kv_shape)
+        self.value.build(x_kv_shape)
+        self.output_projection.build((None, None, self.config.num_heads, self.config.head_dim))
+
+    def keys_values(self, x_kv: Any) -> tuple[Any, Any]:
+        """K W^K_i and V W^V_i of Eq. (4) for x_kv (B, S, d), each (B, h, S, k): the layout of
+        the decode cache (tf_impl/decode.py), which keeps them instead of recomputing them."""
+        k = ops.transpose(self.key(x_kv), (0, 2, 1, 3))  # (B, h, S, k)
+        v = ops.transpose(self.value(x_kv), (0, 2, 1, 3))  # (B, h, S, k)
+        return k, v
 
     def call(
         self,
-        query: Any,
-        key_value: Any,
+        x_q: Any,
+        x_kv: Any,
         mask: Any,
-        training: bool | None = None,
+        *,
         return_attention: bool = False,
         kv: tuple[Any, Any] | None = None,
+        training: bool | None = None,
     ) -> tuple[Any, Any]:
-        """query (B, T, d), key_value (B, S, d), mask broadcastable to (B, h, T, S).
+        """x_q (B, T, d), x_kv (B, S, d), mask broadcastable to (B, h, T, S).
 
         kv: keys and values projected already (`keys_values`, a decode cache), used instead of
-        projecting key_value (which may then be None).
+        projecting x_kv (which may then be None).
         Returns (output (B, T, d), probabilities (B, h, T, S) or None on the fused path).
         """
-        q = self.query(query)  # (B, T, h, k)
+        q = self.query(x_q)  # (B, T, h, k)
         if kv is None:
-            k = self.key(key_value)  # (B, S, h, k)
-            v = self.value(key_value)  # (B, S, h, k)
+            k = self.key(x_kv)  # (B, S, h, k)
+            v = self.value(x_kv)  # (B, S, h, k)
         else:
             k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)  # (B, h, S, k) -> (B, S, h, k)
-        # The fused kernel has no dropout on the probabilities, so training with attention
-        # dropout takes the explicit path.
-        if return_attention or (training and self.dropout_rate > 0):
-            context, probs = self._explicit_attention(q, k, v, mask, training)
+        # idiom: the fused kernel (keras.ops) has no dropout on the probabilities, so training
+        # with attention dropout takes the explicit path.
+        if return_attention or (training and self.config.attention_dropout > 0):
+            context, probs = explicit_attention(q, k, v, mask, self.dropout, training)
         else:
-            context, probs = self._fused_attention(q, k, v, mask), None
+            context, probs = fused_attention(q, k, v, mask), None
         return self.output_projection(context), probs
 
-    def keys_values(self, key_value: Any) -> tuple[Any, Any]:
-        """K W^K_i and V W^V_i of Eq. (4) for key_value (B, S, d), each (B, h, S, k): the layout
-        of the decode cache (tf_impl/decode.py), which keeps them instead of recomputing them."""
-        k = ops.transpose(self.key(key_value), (0, 2, 1, 3))  # (B, h, S, k)
-        v = ops.transpose(self.value(key_value), (0, 2, 1, 3))  # (B, h, S, k)
-        return k, v
 
-    def _explicit_attention(
-        self, q: Any, k: Any, v: Any, mask: Any, training: bool | None
-    ) -> tuple[Any, Any]:
-        """Eq. (1), section 3.2.1: softmax(Q K^T / sqrt(d_k)) V, with the probabilities kept.
-
-        Masked scores get the finite minimum of the softmax dtype (never -inf, which turns a fully
-        masked row into NaN); probabilities are then zeroed where the mask is False.
-        """
-        softmax_dtype = _statistics_dtype(self.compute_dtype)
-        scores = ops.einsum("btnk,bsnk->bnts", q, k) / math.sqrt(self.key_dim)  # (B, h, T, S)
-        scores = ops.cast(scores, softmax_dtype)
-        scores = ops.where(mask, scores, float(np.finfo(softmax_dtype).min))
-        # softmax written out (as the oracle does) rather than ops.softmax, which warns on every
-        # length-1 key axis, a case the tests use on purpose.
-        weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
-        probs = ops.where(mask, weights / ops.sum(weights, axis=-1, keepdims=True), 0.0)
-        probs = ops.cast(probs, self.compute_dtype)
-        context = ops.einsum("bnts,bsnk->btnk", self.dropout(probs, training=training), v)
-        return context, probs  # (B, T, h, k), (B, h, T, S)
-
-    def _fused_attention(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
-        """Eq. (1) through keras.ops.dot_product_attention (XLA-style kernel on TF and JAX, SDPA on
-        torch). Its masked rows with no allowed key come out uniform (or NaN on some kernels);
-        they are set to zero here, as on the explicit path."""
-        # 1/sqrt(d_k) is applied to q here, not passed as `scale`: the TF backend turns a Python
-        # float scale into a float32 tensor, which costs float64 models ~1e-7, and the torch
-        # backend takes no tensor scale.
-        q = q / math.sqrt(self.key_dim)
-        context = ops.dot_product_attention(q, k, v, mask=mask, scale=1.0)
-        has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T|1, 1, 1)
-        return ops.where(has_key, context, ops.zeros_like(context))  # (B, T, h, k)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "key_dim": self.key_dim,
-            "use_bias": self.use_bias,
-            "dropout": self.dropout_rate,
-        }
-
-
-class FeedForward(layers.Layer):
+class FeedForward(_ConfigLayer):
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 "intermediate" and
     W_2 "output". Deviation, flagged: GELU (exact erf, or its tanh form) for ported models."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.d_model = d_model
-        self.d_ff = d_ff
-        self.activation = activation
-        self.intermediate = layers.Dense(d_ff, name="intermediate", dtype=self.dtype_policy)
-        self.output_projection = layers.Dense(d_model, name="output", dtype=self.dtype_policy)
+    def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.intermediate = layers.Dense(c.d_ff, name="intermediate", dtype=self.dtype_policy)
+        self.output_projection = layers.Dense(c.d_model, name="output", dtype=self.dtype_policy)
 
     def build(self, input_shape: tuple) -> None:
         self.intermediate.build(input_shape)
-        self.output_projection.build((*input_shape[:-1], self.d_ff))
+        self.output_projection.build((*input_shape[:-1], self.config.d_ff))
 
     def call(self, x: Any) -> Any:
         hidden = self.intermediate(x)  # (B, L, d_ff)
-        return self.output_projection(activation(self.activation, hidden))  # (B, L, d)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "activation": self.activation,
-        }
+        return self.output_projection(ACTIVATIONS[self.config.activation](hidden))  # (B, L, d)
 
 
-class _Block(layers.Layer):
-    """What encoder and decoder layers share: the residual around each sublayer (section 3.1)."""
-
-    def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.config = _config_from(config)
-        self.dropout = layers.Dropout(self.config.dropout, dtype=self.dtype_policy)
-
-    def _norm(self, name: str) -> layers.LayerNormalization:
-        # Epsilon from the config: Keras's default (1e-3) is a classic parity bug.
-        return layers.LayerNormalization(
-            epsilon=self.config.layer_norm_eps, name=name, dtype=self.dtype_policy
-        )
-
-    def _attention(self, name: str) -> MultiHeadAttention:
-        c = self.config
-        return MultiHeadAttention(
-            c.num_heads,
-            c.head_dim,
-            use_bias=c.attention_bias,
-            dropout=c.attention_dropout,
-            name=name,
-            dtype=self.dtype_policy,
-        )
-
-    def _residual(
-        self, norm: layers.LayerNormalization, x: Any, sublayer: Any, training: bool | None
-    ) -> tuple[Any, Any]:
-        """Section 3.1: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
-        pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
-
-        `sublayer` maps its input to (output, extra); returns (new x, extra)."""
-        pre = self.config.norm_position == "pre"
-        out, extra = sublayer(norm(x) if pre else x)
-        x = x + self.dropout(out, training=training)
-        return (x if pre else norm(x)), extra
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "config": self.config.to_dict()}
-
-
-class EncoderLayer(_Block):
+class EncoderLayer(_ConfigLayer):
     """Section 3.1, encoder layer: self-attention, then the feed-forward network, each in a
     residual with LayerNorm."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        c = self.config
-        self.self_attention = self._attention("self_attention")
-        self.self_attention_norm = self._norm("self_attention_norm")
-        self.feed_forward = FeedForward(
-            c.d_model, c.d_ff, c.activation, name="feed_forward", dtype=self.dtype_policy
-        )
-        self.feed_forward_norm = self._norm("feed_forward_norm")
+        c, policy = self.config, self.dtype_policy
+        self.dropout = layers.Dropout(c.dropout, dtype=policy)
+        self.self_attention = MultiHeadAttention(c, name="self_attention", dtype=policy)
+        self.self_attention_norm = layer_norm(c, name="self_attention_norm", dtype=policy)
+        self.feed_forward = FeedForward(c, name="feed_forward", dtype=policy)
+        self.feed_forward_norm = layer_norm(c, name="feed_forward_norm", dtype=policy)
 
     def build(self, input_shape: tuple) -> None:
         self.self_attention.build(input_shape)
@@ -328,38 +332,50 @@ class EncoderLayer(_Block):
         self.feed_forward_norm.build(input_shape)
 
     def call(
-        self, x: Any, mask: Any, training: bool | None = None, return_attention: bool = False
+        self,
+        x: Any,
+        mask: Any,
+        *,
+        return_attention: bool = False,
+        training: bool | None = None,
     ) -> tuple[Any, Any]:
         """x (B, S, d), mask (B, 1, 1, S). Returns (x, self-attention probabilities or None)."""
-        x, probs = self._residual(
-            self.self_attention_norm,
+        pre = self.config.norm_position == "pre"
+        x, probs = residual(
             x,
             lambda y: self.self_attention(
-                y, y, mask, training=training, return_attention=return_attention
+                y, y, mask, return_attention=return_attention, training=training
             ),
+            self.self_attention_norm,
+            self.dropout,
+            pre,
             training,
         )
-        x, _ = self._residual(
-            self.feed_forward_norm, x, lambda y: (self.feed_forward(y), None), training
+        x, _ = residual(
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            pre,
+            training,
         )
         return x, probs
 
 
-class DecoderLayer(_Block):
+class DecoderLayer(_ConfigLayer):
     """Section 3.1, decoder layer: masked self-attention, cross-attention over the encoder
     output, then the feed-forward network, each in a residual with LayerNorm."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        c = self.config
-        self.self_attention = self._attention("self_attention")
-        self.self_attention_norm = self._norm("self_attention_norm")
-        self.cross_attention = self._attention("cross_attention")
-        self.cross_attention_norm = self._norm("cross_attention_norm")
-        self.feed_forward = FeedForward(
-            c.d_model, c.d_ff, c.activation, name="feed_forward", dtype=self.dtype_policy
-        )
-        self.feed_forward_norm = self._norm("feed_forward_norm")
+        c, policy = self.config, self.dtype_policy
+        self.dropout = layers.Dropout(c.dropout, dtype=policy)
+        self.self_attention = MultiHeadAttention(c, name="self_attention", dtype=policy)
+        self.self_attention_norm = layer_norm(c, name="self_attention_norm", dtype=policy)
+        self.cross_attention = MultiHeadAttention(c, name="cross_attention", dtype=policy)
+        self.cross_attention_norm = layer_norm(c, name="cross_attention_norm", dtype=policy)
+        self.feed_forward = FeedForward(c, name="feed_forward", dtype=policy)
+        self.feed_forward_norm = layer_norm(c, name="feed_forward_norm", dtype=policy)
 
     def build(self, input_shape: tuple, memory_shape: tuple | None = None) -> None:
         memory_shape = input_shape if memory_shape is None else memory_shape
@@ -376,64 +392,76 @@ class DecoderLayer(_Block):
         memory: Any,
         self_mask: Any,
         memory_mask: Any,
-        training: bool | None = None,
+        *,
         return_attention: bool = False,
         cache: dict[str, Any] | None = None,
         index: Any = None,
-    ) -> tuple[Any, ...]:
+        training: bool | None = None,
+    ) -> tuple[Any, Any, Any, dict[str, Any] | None]:
         """x (B, T, d), memory (B, S, d), self_mask (B, 1, T, T), memory_mask (B, 1, 1, S).
 
-        Returns (x, self-attention probabilities, cross-attention probabilities), None when not
-        requested. With `cache` (this layer's entry of tf_impl/decode.py's cache), x is one
-        position (N, 1, d) at `index` and memory is unused: self-attention writes this
+        Returns (x, self-attention probabilities or None, cross-attention probabilities or None,
+        new cache or None). With `cache` (this layer's entry of tf_impl/decode.py's cache), x is
+        one position (N, 1, d) at `index` and memory is unused: self-attention writes this
         position's keys and values into the cache's buffers and reads them all (self_mask
         (N, 1, 1, max_steps)), cross-attention reads the cached keys and values of the memory,
-        and the call returns (x, the layer's new cache) instead.
+        and the new cache is the entry with the updated buffers.
         """
-        x, (self_probs, self_kv) = self._residual(
-            self.self_attention_norm,
+        pre = self.config.norm_position == "pre"
+        x, (self_probs, self_kv) = residual(
             x,
             lambda y: self._masked_self_attention(
-                y, self_mask, training, return_attention, cache, index
+                y, self_mask, return_attention, cache, index, training
             ),
+            self.self_attention_norm,
+            self.dropout,
+            pre,
             training,
         )
         cross_kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
-        x, cross_probs = self._residual(
-            self.cross_attention_norm,
+        x, cross_probs = residual(
             x,
             lambda y: self.cross_attention(
                 y,
                 memory,
                 memory_mask,
-                training=training,
                 return_attention=return_attention,
                 kv=cross_kv,
+                training=training,
             ),
+            self.cross_attention_norm,
+            self.dropout,
+            pre,
             training,
         )
-        x, _ = self._residual(
-            self.feed_forward_norm, x, lambda y: (self.feed_forward(y), None), training
+        x, _ = residual(
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            pre,
+            training,
         )
         if cache is None:
-            return x, self_probs, cross_probs
-        return x, {**cache, "self_key": self_kv[0], "self_value": self_kv[1]}
+            return x, self_probs, cross_probs, None
+        new_cache = {**cache, "self_key": self_kv[0], "self_value": self_kv[1]}
+        return x, self_probs, cross_probs, new_cache
 
     def _masked_self_attention(
         self,
         y: Any,
         mask: Any,
-        training: bool | None,
         return_attention: bool,
         cache: dict[str, Any] | None,
         index: Any,
+        training: bool | None,
     ) -> tuple[Any, tuple[Any, Any]]:
         """Section 3.2.3's masked self-attention over y, or, with a cache, over the cached
         positions with y's keys and values written at `index`. Returns (output,
         (probabilities or None, the updated (keys, values) buffers or None))."""
         if cache is None:
             out, probs = self.self_attention(
-                y, y, mask, training=training, return_attention=return_attention
+                y, y, mask, return_attention=return_attention, training=training
             )
             return out, (probs, None)
         keys, values = self.self_attention.keys_values(y)  # (N, h, 1, k)
@@ -443,16 +471,19 @@ class DecoderLayer(_Block):
             ops.slice_update(cache["self_value"], at, values),
         )
         out, probs = self.self_attention(
-            y, None, mask, training=training, return_attention=return_attention, kv=kv
+            y, None, mask, return_attention=return_attention, kv=kv, training=training
         )
         return out, (probs, kv)
 
 
-class _Stack(layers.Layer):
+# -- stacks -----------------------------------------------------------------------------------
+
+
+class Stack(_ConfigLayer):
     """What Encoder and Decoder share: token and position embeddings (sections 3.4 and 3.5),
     N layers and the optional final LayerNorm."""
 
-    layer_class: type[_Block]
+    layer_class: type[EncoderLayer | DecoderLayer]
 
     def __init__(
         self,
@@ -462,9 +493,8 @@ class _Stack(layers.Layer):
         embedding: layers.Embedding | dict | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        c = self.config = _config_from(config)
-        policy = self.dtype_policy
+        super().__init__(config, **kwargs)
+        c, policy = self.config, self.dtype_policy
         # A shared embedding (section 3.4) is one layer object owned by the Transformer; a layer
         # is not a config value, so get_config serialises it and Transformer rewires the sharing.
         if isinstance(embedding, dict):
@@ -482,9 +512,7 @@ class _Stack(layers.Layer):
         # paths read "encoder/layers/0/...". (A dot in a name would break Keras's torch backend.)
         self.layers = [self.layer_class(c, name=str(i), dtype=policy) for i in range(num_layers)]
         if c.final_norm:
-            self.final_norm = layers.LayerNormalization(
-                epsilon=c.layer_norm_eps, name="final_norm", dtype=policy
-            )
+            self.final_norm = layer_norm(c, name="final_norm", dtype=policy)
 
     def build(self, ids_shape: tuple | None = None) -> None:
         shape = (None, None, self.config.d_model)
@@ -498,7 +526,7 @@ class _Stack(layers.Layer):
         if self.config.final_norm:
             self.final_norm.build(shape)
 
-    def embed(self, ids: Any, training: bool | None, start: Any = None) -> Any:
+    def embed(self, ids: Any, *, start: Any = None, training: bool | None = None) -> Any:
         """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
         start (a decode step's index), PE[start..start+L-1]."""
         c = self.config
@@ -510,7 +538,7 @@ class _Stack(layers.Layer):
             pos = ops.arange(length)
             positions = self.position_embedding(pos if start is None else pos + start)
         else:
-            table_dtype = _statistics_dtype(self.compute_dtype)
+            table_dtype = statistics_dtype(self.compute_dtype)
             positions = sinusoidal_positions(
                 length, c.d_model, c.sinusoid_layout, table_dtype, start
             )
@@ -523,14 +551,13 @@ class _Stack(layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
-            "config": self.config.to_dict(),
             "embedding": keras.saving.serialize_keras_object(self.embedding)
             if self.shared
             else None,
         }
 
 
-class Encoder(_Stack):
+class Encoder(Stack):
     """Section 3.1, encoder: embeddings, then N = num_encoder_layers encoder layers."""
 
     layer_class = EncoderLayer
@@ -545,22 +572,29 @@ class Encoder(_Stack):
         super().__init__(c, c.num_encoder_layers, c.src_vocab_size, embedding, **kwargs)
 
     def call(
-        self, src: Any, mask: Any, training: bool | None = None, return_attention: bool = False
-    ) -> tuple[Any, list, list]:
+        self,
+        src: Any,
+        mask: Any,
+        *,
+        return_attention: bool = False,
+        training: bool | None = None,
+    ) -> tuple[Any, list | None, list]:
         """src (B, S) ids, mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention
-        probabilities per layer (or Nones), hidden states: embeddings and each layer's output,
-        before the final norm)."""
-        x = self.embed(src, training)
-        attentions, hidden = [], [x]
+        probabilities per layer (None unless return_attention), hidden states: embeddings and
+        each layer's output, before the final norm)."""
+        x = self.embed(src, training=training)
+        attentions, hidden = ([] if return_attention else None), [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, training=training, return_attention=return_attention)
-            attentions.append(probs)
+            x, probs = layer(x, mask, return_attention=return_attention, training=training)
+            if attentions is not None:
+                attentions.append(probs)
             hidden.append(x)
         return self._finish(x), attentions, hidden
 
 
-class Decoder(_Stack):
-    """Section 3.1, decoder: embeddings, then N = num_decoder_layers decoder layers."""
+class Decoder(Stack):
+    """Section 3.1, decoder: embeddings, then N = num_decoder_layers decoder layers. Decoding
+    one position at a time with a cache runs the layers from tf_impl/decode.py's decode_step."""
 
     layer_class = DecoderLayer
 
@@ -579,44 +613,29 @@ class Decoder(_Stack):
         memory: Any,
         self_mask: Any,
         memory_mask: Any,
-        training: bool | None = None,
+        *,
         return_attention: bool = False,
-        cache: list[dict[str, Any]] | None = None,
-        index: Any = None,
-    ) -> tuple[Any, ...]:
+        training: bool | None = None,
+    ) -> tuple[Any, list | None, list | None, list]:
         """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self-attention and
-        cross-attention probabilities per layer (or Nones), hidden states).
-
-        With `cache` (one entry per layer, tf_impl/decode.py), tgt_in is one position (N, 1) at
-        `index` and memory is unused; returns (output (N, 1, d), the new per-layer cache)."""
-        if cache is not None:
-            x = self.embed(tgt_in, training, start=index)
-            new_cache = []
-            for layer, layer_cache in zip(self.layers, cache, strict=True):
-                x, layer_cache = layer(
-                    x,
-                    None,
-                    self_mask,
-                    memory_mask,
-                    training=training,
-                    cache=layer_cache,
-                    index=index,
-                )
-                new_cache.append(layer_cache)
-            return self._finish(x), new_cache
-        x = self.embed(tgt_in, training)
-        self_attentions, cross_attentions, hidden = [], [], [x]
+        cross-attention probabilities per layer (None unless return_attention), hidden
+        states)."""
+        x = self.embed(tgt_in, training=training)
+        self_attentions = [] if return_attention else None
+        cross_attentions = [] if return_attention else None
+        hidden = [x]
         for layer in self.layers:
-            x, self_probs, cross_probs = layer(
+            x, self_probs, cross_probs, _ = layer(
                 x,
                 memory,
                 self_mask,
                 memory_mask,
-                training=training,
                 return_attention=return_attention,
+                training=training,
             )
-            self_attentions.append(self_probs)
-            cross_attentions.append(cross_probs)
+            if return_attention:
+                self_attentions.append(self_probs)
+                cross_attentions.append(cross_probs)
             hidden.append(x)
         return self._finish(x), self_attentions, cross_attentions, hidden
 
@@ -663,14 +682,14 @@ class Transformer(keras.Model):
                 )
 
     def encode(
-        self, src: Any, training: bool | None = None, return_attention: bool = False
-    ) -> tuple[Any, list, list]:
-        """src (B, S) ids -> (memory (B, S, d), attentions, hidden states)."""
+        self, src: Any, *, return_attention: bool = False, training: bool | None = None
+    ) -> tuple[Any, list | None, list]:
+        """src (B, S) ids -> (memory (B, S, d), attentions or None, hidden states)."""
         return self.encoder(
             src,
-            padding_mask(src, self.config.pad_id),
-            training=training,
+            key_padding_mask(src, self.config.pad_id),
             return_attention=return_attention,
+            training=training,
         )
 
     def decode(
@@ -678,19 +697,20 @@ class Transformer(keras.Model):
         tgt_in: Any,
         memory: Any,
         src: Any,
-        training: bool | None = None,
+        *,
         return_attention: bool = False,
-    ) -> tuple[Any, list, list, list]:
+        training: bool | None = None,
+    ) -> tuple[Any, list | None, list | None, list]:
         """tgt_in (B, T) ids (the target shifted right behind BOS), memory (B, S, d) ->
-        (logits (B, T, V), self attentions, cross attentions, hidden states)."""
+        (logits (B, T, V), self attentions or None, cross attentions or None, hidden states)."""
         pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
             decoder_self_mask(tgt_in, pad),
-            padding_mask(src, pad),
-            training=training,
+            key_padding_mask(src, pad),
             return_attention=return_attention,
+            training=training,
         )
         return self.logits(y), self_attentions, cross_attentions, hidden
 
@@ -707,13 +727,20 @@ class Transformer(keras.Model):
         return logits  # (B, T, V)
 
     def call(
-        self, src: Any, tgt_in: Any, training: bool | None = None, return_attention: bool = False
+        self,
+        src: Any,
+        tgt_in: Any,
+        *,
+        return_attention: bool = False,
+        training: bool | None = None,
     ) -> dict[str, Any]:
-        """The whole model: a dict with logits, encoder_output, the three attention lists
-        (Nones on the fused path) and the hidden states of both stacks."""
-        memory, encoder_attentions, encoder_hidden = self.encode(src, training, return_attention)
+        """The whole model: a dict with logits, encoder_output, the three attention lists (None
+        unless return_attention) and the hidden states of both stacks."""
+        memory, encoder_attentions, encoder_hidden = self.encode(
+            src, return_attention=return_attention, training=training
+        )
         logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
-            tgt_in, memory, src, training, return_attention
+            tgt_in, memory, src, return_attention=return_attention, training=training
         )
         return {
             "logits": logits,

@@ -2,14 +2,14 @@
 and Adam with the Noam schedule (sections 5.3 and 5.4 of "Attention Is All You Need").
 
 The spec is common/oracle/training.py. Gradients come from `tf.GradientTape` (TensorFlow is the Keras
-backend we ship); the step is a `tf.function` (XLA when `jit_compile` is set), and the optimizer
-is Keras's own Adam with one method overridden, because Keras places epsilon differently from the
-paper's reference implementations (see `Adam`).
+backend we ship); the functions here are plain, and tf_impl/backend.py wraps them in `tf.function`
+(XLA when `jit_compile` is set). The optimizer is Keras's own Adam with one method overridden,
+because Keras places epsilon differently from the paper's reference implementations (see
+`Adam`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -17,13 +17,12 @@ import tensorflow as tf
 from keras import ops
 
 from common.oracle.training import ADAM_BETAS, ADAM_EPS
-from common.spec.config import TransformerConfig
 from tf_impl.model import Transformer
 from tf_impl.weights import variables_by_name
 
 
-def smoothed_cross_entropy(
-    logits: Any, tgt: Any, pad_id: int, smoothing: float
+def label_smoothed_loss(
+    logits: Any, targets: Any, pad_id: int, smoothing: float
 ) -> tuple[Any, Any, Any]:
     """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
     target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors.
@@ -32,25 +31,59 @@ def smoothed_cross_entropy(
     class, the true one included; common.oracle.training.label_smoothed_loss), so it is used as is.
     """
     if logits.dtype in ("float16", "bfloat16"):
-        # Softmax statistics in float32 or wider (design.md, "Precision").
+        # Softmax statistics in float32 or wider (docs/DESIGN.md, "Precision").
         logits = ops.cast(logits, "float32")
     vocab = ops.shape(logits)[-1]
     per_token = keras.losses.categorical_crossentropy(
-        ops.one_hot(tgt, vocab, dtype=logits.dtype),
+        ops.one_hot(targets, vocab, dtype=logits.dtype),
         logits,
         from_logits=True,
         label_smoothing=smoothing,
     )  # (B, T)
-    keep = ops.not_equal(tgt, pad_id)  # (B, T)
+    keep = ops.not_equal(targets, pad_id)  # (B, T)
     tokens = ops.sum(ops.cast(keep, "int32"))
     # An all-pad batch has loss 0 and accuracy 0 (the oracle's answer), not 0 / 0.
     denominator = ops.cast(ops.maximum(tokens, 1), logits.dtype)
     loss = ops.sum(ops.where(keep, per_token, 0.0)) / denominator
-    correct = ops.logical_and(ops.equal(ops.argmax(logits, axis=-1), ops.cast(tgt, "int64")), keep)
+    correct = ops.logical_and(
+        ops.equal(ops.argmax(logits, axis=-1), ops.cast(targets, "int64")), keep
+    )
     accuracy = ops.cast(ops.sum(ops.cast(correct, "int32")), logits.dtype) / denominator
     return loss, accuracy, tokens
 
 
+def compute_loss(model: Transformer, src: Any, tgt_in: Any, tgt: Any) -> tuple[Any, Any, Any]:
+    """Teacher forcing: the model reads tgt_in (tgt shifted right behind BOS) and is scored on
+    tgt. Returns (loss, accuracy, tokens). Dropout follows the config (training=True)."""
+    logits = model(src, tgt_in, training=True)["logits"]
+    c = model.config
+    return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)
+
+
+def _dense(gradient: Any) -> Any:
+    """An embedding's gradient arrives as tf.IndexedSlices (rows by lookup); canonical is dense."""
+    return tf.convert_to_tensor(gradient)
+
+
+def loss_and_grads(model: Transformer, src: Any, tgt_in: Any, tgt: Any) -> tuple:
+    """(loss, accuracy, tokens, [gradient per canonical tensor, in canonical order]).
+
+    The tape watches each canonical variable once, so a tied tensor's gradient is already the sum
+    over its uses. Plain eager code; tf_impl/backend.py runs it as a tf.function.
+    """
+    variables = list(variables_by_name(model).values())
+    with tf.GradientTape() as tape:
+        loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
+    grads = tape.gradient(loss, variables)
+    return loss, accuracy, tokens, [_dense(g) for g in grads]
+
+
+def canonical_grads(model: Transformer, grads: list[Any]) -> dict[str, Any]:
+    """{canonical name: gradient} for loss_and_grads' list, which follows variables_by_name."""
+    return dict(zip(variables_by_name(model), grads, strict=True))
+
+
+# idiom: Keras's optimizers take a LearningRateSchedule object, not a function
 class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Section 5.3, Eq. (3): lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 
@@ -73,6 +106,12 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup": self.warmup, "factor": self.factor}
 
 
+def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> NoamSchedule:
+    """Section 5.3, Eq. (3), as the Keras schedule Adam reads (NoamSchedule)."""
+    return NoamSchedule(d_model, warmup, factor)
+
+
+# idiom: Keras's Adam with the paper's epsilon placement (see the docstring)
 class Adam(keras.optimizers.Adam):
     """Kingma & Ba, Algorithm 1, with epsilon added to sqrt(v_hat): torch's and optax's placement,
     which common.oracle.training.adam_step specifies.
@@ -117,52 +156,21 @@ class Adam(keras.optimizers.Adam):
         self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + self.epsilon))
 
 
-def make_optimizer(config: TransformerConfig, warmup: int, factor: float = 1.0) -> Adam:
-    """The paper's optimizer: Adam (0.9, 0.98, 1e-9) at the Noam rate."""
-    return Adam(NoamSchedule(config.d_model, warmup, factor))
+def make_optimizer(model: Transformer, warmup: int, factor: float = 1.0) -> Adam:
+    """The paper's optimizer: Adam (0.9, 0.98, 1e-9) at the Noam rate, its moments made for the
+    model's canonical variables (here, since variables may not be created inside a tf.function
+    trace)."""
+    optimizer = Adam(noam_schedule(model.config.d_model, warmup, factor))
+    optimizer.build(list(variables_by_name(model).values()))
+    return optimizer
 
 
-def _dense(gradient: Any) -> Any:
-    """An embedding's gradient arrives as tf.IndexedSlices (rows by lookup); canonical is dense."""
-    return tf.convert_to_tensor(gradient)
-
-
-def gradient_function(model: Transformer, jit_compile: bool = False) -> Callable:
-    """A compiled (src, tgt_in, tgt) -> (loss, accuracy, tokens, [grad per canonical tensor]).
-
-    The tape watches each canonical variable once, so a tied tensor's gradient is already the sum
-    over its uses. Dropout follows the config (training=True).
-    """
+def train_step(model: Transformer, optimizer: Adam, src: Any, tgt_in: Any, tgt: Any) -> Any:
+    """One Adam step on (src, tgt_in, tgt); returns the loss, taken before the update. Plain
+    eager code; tf_impl/backend.py runs it as a tf.function."""
     variables = list(variables_by_name(model).values())
-    c = model.config
-
-    @tf.function(jit_compile=jit_compile)
-    def loss_and_grads(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
-        with tf.GradientTape() as tape:
-            logits = model(src, tgt_in, training=True)["logits"]
-            loss, accuracy, tokens = smoothed_cross_entropy(
-                logits, tgt, c.pad_id, c.label_smoothing
-            )
-        grads = tape.gradient(loss, variables)
-        return loss, accuracy, tokens, [_dense(g) for g in grads]
-
-    return loss_and_grads
-
-
-def train_step_function(model: Transformer, optimizer: Adam, jit_compile: bool = False) -> Callable:
-    """A compiled (src, tgt_in, tgt) -> loss, taken before the update, after one Adam step."""
-    variables = list(variables_by_name(model).values())
-    # Create the moments outside the tf.function: variables may not be created while tracing.
-    optimizer.build(variables)
-    c = model.config
-
-    @tf.function(jit_compile=jit_compile)
-    def train_step(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            logits = model(src, tgt_in, training=True)["logits"]
-            loss, _, _ = smoothed_cross_entropy(logits, tgt, c.pad_id, c.label_smoothing)
-        grads = tape.gradient(loss, variables)
-        optimizer.apply([_dense(g) for g in grads], variables)
-        return loss
-
-    return train_step
+    with tf.GradientTape() as tape:
+        loss, _, _ = compute_loss(model, src, tgt_in, tgt)
+    grads = tape.gradient(loss, variables)
+    optimizer.apply([_dense(g) for g in grads], variables)
+    return loss

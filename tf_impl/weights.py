@@ -4,7 +4,7 @@ No second list of names: tf_impl/model.py names its layers so that a variable's 
 the model's own name and with "/" read as ".", is the canonical name (common/spec/names.py). Three
 Keras leaf names differ from ours and are renamed by rule (LEAF_RENAMES). Keras's layout is the
 canonical one (EinsumDense kernels [d, h, k] and [h, k, d], Dense kernels [in, out]), so no
-tensor is transposed or packed: TRANSPOSES is empty, and every shape is still asserted.
+tensor is transposed or packed, and every shape is still asserted.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from common.spec.names import canonical_shapes
 from common.weights.format import tensor_problems, weight_file_path
 from tf_impl.model import Transformer
 
-# Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable is
-# "embeddings", and the layer's own name is already the canonical tensor name).
+# idiom: Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable
+# is "embeddings", and the layer's own name is already the canonical tensor name).
 LEAF_RENAMES: dict[str, str | None] = {"gamma": "scale", "beta": "bias", "embeddings": None}
-# Canonical name patterns that need a transpose between the two layouts: none in Keras.
-TRANSPOSES: dict[str, tuple[int, ...]] = {}
 
 
+# idiom: Keras creates variables in build(), so a usable model is made and built in one place
 def new_model(config: TransformerConfig, dtype: str = "float32") -> Transformer:
     """A built Transformer with every variable created, computing in `dtype` (a Keras policy)."""
     model = Transformer(config, name="transformer", dtype=dtype)
@@ -42,6 +41,7 @@ def new_model(config: TransformerConfig, dtype: str = "float32") -> Transformer:
     return model
 
 
+# idiom: the rule from a Keras variable path to its canonical name
 def canonical_name(path: str, model_name: str = "transformer") -> str:
     """The canonical name of the variable at `path` ("transformer/encoder/layers.0/...")."""
     parts = path.removeprefix(f"{model_name}/").split("/")
@@ -49,6 +49,7 @@ def canonical_name(path: str, model_name: str = "transformer") -> str:
     return ".".join(parts[:-1] if leaf is None else [*parts[:-1], leaf])
 
 
+# idiom: Keras variables are addressed by path; this pairs them with the canonical names
 def variables_by_name(model: Transformer) -> dict[str, keras.Variable]:
     """{canonical name: variable}, in canonical order; raises unless the two sets match exactly."""
     found = {canonical_name(v.path, model.name): v for v in model.weights}
@@ -100,7 +101,7 @@ def export_canonical(model: Transformer) -> dict[str, np.ndarray]:
     return out
 
 
-KERAS_SUFFIX = ".weights.h5"
+KERAS_SUFFIX = ".weights.h5"  # idiom: Keras's save_weights requires this suffix
 
 
 def save_native(model: Transformer, path: str | Path) -> None:
@@ -124,6 +125,7 @@ def write_native(
     save_native(model, path)
 
 
+# idiom: Keras's .weights.h5 addresses datasets by attribute path, which Keras alone knows
 @functools.lru_cache(maxsize=8)
 def native_layout(config: TransformerConfig) -> dict[str, str]:
     """{HDF5 dataset path: canonical name}, in canonical order, as model.save_weights lays them

@@ -14,11 +14,13 @@ from common.decoding.search import check_row_ids, check_step_budget, check_stepp
 from common.errors import WeightFileError
 from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
+from common.spec.masks import shift_right
 from common.spec.results import ForwardOutput, LossOutput
 from common.weights.format import check_tensors
 from torch_impl import decode, train
 from torch_impl.model import Transformer
 from torch_impl.weights import (
+    TORCH_DTYPES,
     export_canonical,
     load_canonical,
     read_native,
@@ -26,10 +28,8 @@ from torch_impl.weights import (
     write_native,
 )
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
+def _to_torch(a: np.ndarray) -> torch.Tensor:
     """numpy -> torch without rounding; torch cannot read ml_dtypes' bfloat16, so pass its bits."""
     a = np.ascontiguousarray(a)
     if a.dtype == ml_dtypes.bfloat16:
@@ -37,14 +37,18 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def to_numpy(t: torch.Tensor, *, exact: bool = False) -> np.ndarray:
+def to_numpy(
+    x: torch.Tensor,
+    *,
+    exact: bool = False,  # idiom: numpy cannot view torch's bfloat16; exact: ml_dtypes
+) -> np.ndarray:
     """torch -> a numpy copy. bfloat16 becomes float32 (results) or ml_dtypes.bfloat16 (exact)."""
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
+    x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:
         if exact:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-        t = t.float()
-    return t.numpy().copy()
+            return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        x = x.float()
+    return x.numpy().copy()
 
 
 class TorchStepper:
@@ -127,23 +131,19 @@ class TorchModel:
         with torch.inference_mode():
             src_t = torch.from_numpy(src).to(self.device)
             tgt_t = torch.from_numpy(tgt_in).to(self.device)
-            memory, enc_attn, enc_hidden = self.module.encode(src_t, need_weights=attention)
-            y, self_attn, cross_attn, dec_hidden = self.module.decode(
-                tgt_t, memory, src_t, need_weights=attention
-            )
-            logits = self.module.logits(y)
+            out = self.module(src_t, tgt_t, return_attention=attention)
 
         def arrays(ts: list[torch.Tensor] | None) -> list[np.ndarray] | None:
             return None if ts is None else [to_numpy(t) for t in ts]
 
         return ForwardOutput(
-            logits=to_numpy(logits),
-            encoder_output=to_numpy(memory),
-            encoder_self_attention=arrays(enc_attn),
-            decoder_self_attention=arrays(self_attn),
-            cross_attention=arrays(cross_attn),
-            encoder_hidden_states=arrays(enc_hidden) if hidden_states else None,
-            decoder_hidden_states=arrays(dec_hidden) if hidden_states else None,
+            logits=to_numpy(out["logits"]),
+            encoder_output=to_numpy(out["encoder_output"]),
+            encoder_self_attention=arrays(out["encoder_self_attention"]),
+            decoder_self_attention=arrays(out["decoder_self_attention"]),
+            cross_attention=arrays(out["cross_attention"]),
+            encoder_hidden_states=arrays(out["encoder_hidden_states"]) if hidden_states else None,
+            decoder_hidden_states=arrays(out["decoder_hidden_states"]) if hidden_states else None,
         )
 
     def stepper(
@@ -152,17 +152,21 @@ class TorchModel:
         src = check_stepper_request(self.config, src, beams, max_steps)
         return TorchStepper(self, src, beams, max_steps, cached)
 
-    def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Validated (src, tgt) ids on the model's device; tgt is the target, not shifted."""
+    def _batch(
+        self, src: np.ndarray, tgt: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validated (src, tgt_in, tgt) ids on the model's device: the decoder reads tgt shifted
+        right behind BOS (teacher forcing)."""
         src, tgt = check_inputs(self.config, src, tgt)
-        return torch.from_numpy(src).to(self.device), torch.from_numpy(tgt).to(self.device)
+        tgt_in = shift_right(tgt, self.config.bos_id)
+        return tuple(torch.from_numpy(a).to(self.device) for a in (src, tgt_in, tgt))
 
     def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
-        out, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
+        loss, accuracy, tokens, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
         return LossOutput(
-            loss=float(out.loss.detach()),
-            accuracy=float(out.accuracy),
-            tokens=out.tokens,
+            loss=float(loss),
+            accuracy=float(accuracy),
+            tokens=tokens,
             grads={name: to_numpy(g) for name, g in grads.items()},
         )
 
@@ -211,7 +215,7 @@ class TorchBackend:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> TorchModel:
-        """On a GPU, parity needs full float32 matmuls (design.md, "GPU"): TF32 is turned off
+        """On a GPU, parity needs full float32 matmuls (docs/DESIGN.md, "Devices"): TF32 is turned off
         explicitly rather than trusted to torch's default, which has changed between releases."""
         check_build_request(self, dtype, device)
         if device.startswith("cuda"):
@@ -219,7 +223,7 @@ class TorchBackend:
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
         module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
-        load_canonical(module, {name: to_torch(w) for name, w in weights.items()})
+        load_canonical(module, {name: _to_torch(w) for name, w in weights.items()})
         return TorchModel(config, module, dtype, device)
 
     def save_native(
@@ -228,12 +232,13 @@ class TorchBackend:
         """torch.save(model.state_dict()) for canonical `weights`, bit-exact, written atomically.
         Tied tensors appear under each of their state_dict keys, as torch itself saves them."""
         check_tensors(path, config, weights)
-        write_native(path, config, {n: to_torch(w) for n, w in weights.items()})
+        write_native(path, config, {n: _to_torch(w) for n, w in weights.items()})
 
     def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
         """Canonical tensors from a Transformer(config) state_dict file (weights_only loading)."""
         return {n: to_numpy(t, exact=True) for n, t in read_native(path, config).items()}
 
+    # idiom: only torch reads other models' .pt/.bin checkpoints (common/porting imports them)
     def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]:
         """Every tensor of any .pt/.bin state_dict, as numpy (bfloat16 as ml_dtypes.bfloat16),
         for the importers of other models' checkpoints (common/porting). weights_only loading:

@@ -5,13 +5,13 @@ Section 3.2.3: decoder self-attention is causal, so the keys and values of posit
 decoded never change, and cross-attention's keys and values are functions of the memory alone.
 A step therefore projects only its new position and reads everything else from the cache.
 
-The cache has the same layout in all three implementations:
+The cache holds, as the tf and jax caches do (their containers differ: a dataclass here):
 - `layers`, one entry per decoder layer: `self_key`, `self_value` (N, h, max_steps, d_k), a
   buffer preallocated for every position and written one position per step; `cross_key`,
   `cross_value` (N, h, S, d_k), the memory's keys and values, computed once;
-- `memory_mask` (N, 1, 1, S): the source padding (common.spec.masks.key_padding_mask);
+- `memory_mask` (N, 1, 1, S): the source padding (common.spec.masks.cross_mask);
 - `key_valid` (N, max_steps) bool: which buffer positions are keys;
-- `index` () int64: the position the next step writes.
+- `index` () int64 (here; index_copy_ needs int64): the position the next step writes.
 N = B * beams rows; row r decodes source r // beams.
 
 Written the way torch users keep a static cache: the buffers are written in place with
@@ -28,25 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from torch_impl.model import Transformer, embed, key_padding_mask, position_table
-
-
-@dataclass
-class LayerCache:
-    """One decoder layer's keys and values, split into heads."""
-
-    self_key: Tensor  # (N, h, max_steps, d_k), position j written by step j
-    self_value: Tensor  # (N, h, max_steps, d_k)
-    cross_key: Tensor  # (N, h, S, d_k), K W^K of the memory
-    cross_value: Tensor  # (N, h, S, d_k)
-
-    def update(self, key: Tensor, value: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this step's key and value (N, h, 1, d_k) at position `index` and return every
-        position's, (N, h, max_steps, d_k) each (DecoderLayer's self-attention reads them)."""
-        where = index.reshape(1)
-        self.self_key.index_copy_(2, where, key)
-        self.self_value.index_copy_(2, where, value)
-        return self.self_key, self.self_value
+from torch_impl.model import LayerCache, Transformer, decoder_self_mask, key_padding_mask
 
 
 @dataclass
@@ -56,6 +38,7 @@ class Cache:
     layers: list[LayerCache]
     memory_mask: Tensor  # (N, 1, 1, S) bool
     key_valid: Tensor  # (N, max_steps) bool
+    # idiom: index_copy_ takes an int64 index
     index: Tensor  # () int64
 
 
@@ -112,11 +95,10 @@ def decode_step(model: Transformer, tokens: Tensor, cache: Cache) -> tuple[Tenso
     cache.key_valid.index_copy_(1, index.reshape(1), valid[:, None])
     self_mask = cache.key_valid[:, None, None, :]  # (N, 1, 1, max_steps)
 
-    # Section 3.5: PE[index]; the table is a slice of the module's own (or extrapolated).
-    pe = position_table(decoder, max_steps).index_select(0, index.reshape(1))  # (1, d)
-    x = embed(decoder, tokens[:, None], pe)  # (N, 1, d)
+    # Section 3.5: PE[index], read from a table of max_steps positions on the device.
+    x = decoder.embed(tokens[:, None], start=index, max_steps=max_steps)  # (N, 1, d)
     for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
-        x, _, _ = layer(x, None, self_mask, cache.memory_mask, cache=layer_cache, index=index)
+        x, _, _, _ = layer(x, None, self_mask, cache.memory_mask, cache=layer_cache, index=index)
     if decoder.final_norm is not None:
         x = decoder.final_norm(x)
     logits = model.logits(x[:, 0])  # (N, V)
@@ -146,6 +128,12 @@ def reorder_cache(cache: Cache, rows: Tensor) -> Cache:
 def prefix_step(model: Transformer, prefix: Tensor, memory: Tensor, src: Tensor) -> Tensor:
     """The uncached baseline: the decoder over the whole prefix (N, t) (BOS first), as in
     teacher forcing, and the logits of its last position (N, V). memory (N, S, d) is encoded
-    once (encode_rows); the decoder prefix is what gets recomputed at every step."""
-    y, _, _, _ = model.decode(prefix, memory, src)  # (N, t, d)
+    once (encode_rows); the decoder prefix is what gets recomputed at every step.
+
+    The decoder stack is called rather than model.decode, which would project every position
+    to the vocabulary when only the last one is needed."""
+    pad = model.config.pad_id
+    y, _, _, _ = model.decoder(
+        prefix, memory, decoder_self_mask(prefix, pad), key_padding_mask(src, pad)
+    )  # (N, t, d)
     return model.logits(y[:, -1])

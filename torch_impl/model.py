@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.spec.config import TransformerConfig
-
-if TYPE_CHECKING:  # decode.py imports this module; the layer only reads the cache it is given
-    from torch_impl.decode import LayerCache
 
 # -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
 
@@ -47,10 +45,10 @@ def decoder_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1], tgt_in.device)
 
 
-# -- positions and activations ----------------------------------------------------------------
+# -- positions, activations, precision ----------------------------------------------------------
 
 
-def sinusoidal_positions(length: int, d_model: int, layout: str = "interleaved") -> Tensor:
+def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
     """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
 
     (length, d_model) in float64, computed once and cast by the caller, so that a float64 model
@@ -74,22 +72,54 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-# -- sublayer wiring (section 3.1), shared by both layer kinds ---------------------------------
+def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 or wider: the dtype softmax statistics run in, even for bfloat16 inputs. (torch's
+    LayerNorm kernels already keep their statistics in float32 for bfloat16, on CPU and CUDA.)"""
+    return torch.promote_types(dtype, torch.float32)
 
 
-def sublayer_input(x: Tensor, norm: nn.LayerNorm, pre_norm: bool) -> Tensor:
-    """What a sublayer reads: x in post-norm; LayerNorm(x) in pre-norm (Wang et al. 2019, a
-    deviation from the paper, flagged)."""
-    return norm(x) if pre_norm else x
+# -- attention (Eq. 1) --------------------------------------------------------------------------
 
 
-def residual(
-    x: Tensor, out: Tensor, norm: nn.LayerNorm, dropout: nn.Dropout, pre_norm: bool
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float
+) -> tuple[Tensor, Tensor]:
+    """Eq. (1) written out: softmax(Q K^T / sqrt(d_k)) V, returning the post-softmax, pre-dropout
+    probabilities too.
+
+    torch's head layout: q (B, h, T_q, d_k), k and v (B, h, T_k, d_k), mask broadcastable to
+    (B, h, T_q, T_k). `dropout` is the probability of attention dropout (0.0 in eval mode).
+    Returns (context (B, h, T_q, d_k), probabilities (B, h, T_q, T_k)).
+
+    Deviation, flagged: masked scores get the dtype's finite minimum (never -inf, which makes a
+    fully masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
+    allowed key (a fully padded source) gets a zero context vector.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # Softmax in float32 or wider even for bfloat16 scores.
+    wide = statistics_dtype(scores.dtype)
+    probs = F.softmax(scores, dim=-1, dtype=wide).masked_fill(~mask, 0.0).to(q.dtype)
+    return F.dropout(probs, dropout) @ v, probs
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    dropout_p: float = 0.0,  # idiom: SDPA applies attention dropout inside the kernel
 ) -> Tensor:
-    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm; in pre-norm
-    x + Dropout(Sublayer(LayerNorm(x)))."""
-    x = x + dropout(out)
-    return x if pre_norm else norm(x)
+    """Eq. (1) by F.scaled_dot_product_attention, which never materialises the probabilities.
+    Layouts as explicit_attention; returns the context (B, h, T_q, d_k), zero for a query with no
+    allowed key."""
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
+    # kernels (CUDA math/efficient) may return NaN; masked_fill also replaces NaN.
+    return context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+
+
+# -- sublayer wiring (section 3.1), shared by both layer kinds ---------------------------------
 
 
 def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
@@ -99,6 +129,23 @@ def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
+def residual(
+    x: Tensor,
+    sublayer: Callable[[Tensor], tuple[Tensor, Any]],
+    norm: nn.LayerNorm,
+    dropout: nn.Dropout,
+    pre_norm: bool,
+) -> tuple[Tensor, Any]:
+    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm; in pre-norm
+    x + Dropout(Sublayer(LayerNorm(x))) (Wang et al. 2019, a deviation from the paper, flagged).
+
+    `sublayer` returns (output, extra); extra (attention probabilities, say) is passed through.
+    """
+    out, extra = sublayer(norm(x) if pre_norm else x)
+    x = x + dropout(out)
+    return (x if pre_norm else norm(x)), extra
+
+
 # -- layers -----------------------------------------------------------------------------------
 
 
@@ -106,9 +153,8 @@ class MultiHeadAttention(nn.Module):
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
     head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), and Eq. (1): softmax(Q K^T / sqrt(d_k)) V.
 
-    Deviation, flagged: masked scores get the dtype's finite minimum (never -inf, which makes a
-    fully masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
-    allowed key (a fully padded source) gets a zero context vector and the output is W^O's bias.
+    A query with no allowed key (a fully padded source) gets a zero context vector, so its output
+    is W^O's bias (explicit_attention, fused_attention).
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -122,13 +168,13 @@ class MultiHeadAttention(nn.Module):
         self.output = nn.Linear(d, d, bias=bias)
         self.attention_dropout = config.attention_dropout
 
-    def split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
         return x.view(b, length, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
     def keys_values(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
         """K W^K and V W^V split into heads, (B, h, T_k, d_k) each: what a decode cache keeps."""
-        return self.split_heads(self.key(x_kv)), self.split_heads(self.value(x_kv))
+        return self._split_heads(self.key(x_kv)), self._split_heads(self.value(x_kv))
 
     def forward(
         self,
@@ -136,41 +182,26 @@ class MultiHeadAttention(nn.Module):
         x_kv: Tensor | None,
         mask: Tensor,
         *,
-        need_weights: bool = False,
+        return_attention: bool = False,
         kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        Returns (output (B, T_q, d), probabilities (B, h, T_q, T_k) or None). need_weights takes
-        the explicit path; otherwise the fused kernel, which never materialises probabilities.
+        Returns (output (B, T_q, d), probabilities (B, h, T_q, T_k) or None). return_attention
+        takes the explicit path; otherwise the fused kernel, which never materialises them.
         kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken instead
         of x_kv (decoding with a cache, torch_impl/decode.py).
         """
-        q = self.split_heads(self.query(x_q))  # (B, h, T_q, d_k)
+        q = self._split_heads(self.query(x_q))  # (B, h, T_q, d_k)
         k, v = self.keys_values(x_kv) if kv is None else kv  # (B, h, T_k, d_k) each
         p_drop = self.attention_dropout if self.training else 0.0
-        if need_weights:
-            context, probs = self.attend(q, k, v, mask, p_drop)
+        if return_attention:
+            context, probs = explicit_attention(q, k, v, mask, p_drop)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
-            # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
-            # kernels (CUDA math/efficient) may return NaN; masked_fill also replaces NaN.
-            context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-            probs = None
+            context, probs = fused_attention(q, k, v, mask, dropout_p=p_drop), None
         b, _, t_q, _ = context.shape
         context = context.transpose(1, 2).reshape(b, t_q, self.h * self.d_k)  # (B, T_q, d)
         return self.output(context), probs
-
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: float
-    ) -> tuple[Tensor, Tensor]:
-        """Eq. (1) written out, returning the post-softmax, pre-dropout probabilities too."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        # Softmax in float32 or wider even for bfloat16 scores.
-        wide = torch.promote_types(scores.dtype, torch.float32)
-        probs = F.softmax(scores, dim=-1, dtype=wide).masked_fill(~mask, 0.0).to(q.dtype)
-        return F.dropout(probs, p_drop) @ v, probs  # (B, h, T_q, d_k), (B, h, T_q, T_k)
 
 
 class FeedForward(nn.Module):
@@ -199,15 +230,42 @@ class EncoderLayer(nn.Module):
         self.pre_norm = config.norm_position == "pre"
 
     def forward(
-        self, x: Tensor, mask: Tensor, *, need_weights: bool = False
+        self, x: Tensor, mask: Tensor, *, return_attention: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        y = sublayer_input(x, self.self_attention_norm, self.pre_norm)
-        out, probs = self.self_attention(y, y, mask, need_weights=need_weights)
-        x = residual(x, out, self.self_attention_norm, self.dropout, self.pre_norm)
-
-        y = sublayer_input(x, self.feed_forward_norm, self.pre_norm)
-        x = residual(x, self.feed_forward(y), self.feed_forward_norm, self.dropout, self.pre_norm)
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
+        x, probs = residual(
+            x,
+            lambda y: self.self_attention(y, y, mask, return_attention=return_attention),
+            self.self_attention_norm,
+            self.dropout,
+            self.pre_norm,
+        )
+        x, _ = residual(
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            self.pre_norm,
+        )
         return x, probs
+
+
+@dataclass
+class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
+    """One decoder layer's keys and values, split into heads."""
+
+    self_key: Tensor  # (N, h, max_steps, d_k), position j written by step j
+    self_value: Tensor  # (N, h, max_steps, d_k)
+    cross_key: Tensor  # (N, h, S, d_k), K W^K of the memory
+    cross_value: Tensor  # (N, h, S, d_k)
+
+    def update(self, key: Tensor, value: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's key and value (N, h, 1, d_k) at position `index` and return every
+        position's, (N, h, max_steps, d_k) each (DecoderLayer's self-attention reads them)."""
+        where = index.reshape(1)
+        self.self_key.index_copy_(2, where, key)
+        self.self_value.index_copy_(2, where, value)
+        return self.self_key, self.self_value
 
 
 class DecoderLayer(nn.Module):
@@ -232,133 +290,172 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor,
         memory_mask: Tensor,
         *,
-        need_weights: bool = False,
+        return_attention: bool = False,
         cache: LayerCache | None = None,
         index: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x (B, T, d) over memory (B, S, d). With a cache (torch_impl/decode.py), x is the one
-        position `index` (B, 1, d): its self-attention key and value are written into the cache
-        at `index` and the query attends the whole buffer (self_mask says which entries are
-        keys), and cross-attention takes the memory's cached keys and values (memory unused)."""
-        y = sublayer_input(x, self.self_attention_norm, self.pre_norm)
-        self_kv = None
-        if cache is not None:
-            self_kv = cache.update(*self.self_attention.keys_values(y), index)
-        out, self_probs = self.self_attention(
-            y, y, self_mask, need_weights=need_weights, kv=self_kv
-        )
-        x = residual(x, out, self.self_attention_norm, self.dropout, self.pre_norm)
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, LayerCache | None]:
+        """x (B, T, d) over memory (B, S, d) -> (x, self and cross probabilities or None, cache).
 
-        y = sublayer_input(x, self.cross_attention_norm, self.pre_norm)
+        With a cache (torch_impl/decode.py), x is the one position `index` (B, 1, d): its
+        self-attention key and value are written into the cache at `index` and the query attends
+        the whole buffer (self_mask says which entries are keys), and cross-attention takes the
+        memory's cached keys and values (memory unused). The cache returned is the one passed in,
+        updated in place (None without one).
+        """
+
+        def self_attention(y: Tensor) -> tuple[Tensor, Tensor | None]:
+            kv = None if cache is None else cache.update(*self.self_attention.keys_values(y), index)
+            return self.self_attention(y, y, self_mask, return_attention=return_attention, kv=kv)
+
+        x, self_probs = residual(
+            x, self_attention, self.self_attention_norm, self.dropout, self.pre_norm
+        )
         cross_kv = None if cache is None else (cache.cross_key, cache.cross_value)
-        out, cross_probs = self.cross_attention(
-            y, memory, memory_mask, need_weights=need_weights, kv=cross_kv
+        x, cross_probs = residual(
+            x,
+            lambda y: self.cross_attention(
+                y, memory, memory_mask, return_attention=return_attention, kv=cross_kv
+            ),
+            self.cross_attention_norm,
+            self.dropout,
+            self.pre_norm,
         )
-        x = residual(x, out, self.cross_attention_norm, self.dropout, self.pre_norm)
-
-        y = sublayer_input(x, self.feed_forward_norm, self.pre_norm)
-        x = residual(x, self.feed_forward(y), self.feed_forward_norm, self.dropout, self.pre_norm)
-        return x, self_probs, cross_probs
+        x, _ = residual(
+            x,
+            lambda y: (self.feed_forward(y), None),
+            self.feed_forward_norm,
+            self.dropout,
+            self.pre_norm,
+        )
+        return x, self_probs, cross_probs, cache
 
 
 # -- stacks -----------------------------------------------------------------------------------
 
 
-def position_table(stack: Encoder | Decoder, length: int) -> Tensor:
-    """Section 3.5: the position encodings of positions 0..length-1, (length, d)."""
-    c = stack.config
-    if stack.position_embedding is not None:  # learned; check_inputs refused L > max_len
-        return stack.position_embedding.weight[:length]
-    if length <= stack.sinusoid.shape[0]:
-        return stack.sinusoid[:length]
-    # Sinusoids extrapolate (section 3.5): a longer table for this call only.
-    return sinusoidal_positions(length, c.d_model, c.sinusoid_layout).to(stack.sinusoid.device)
+class Stack(nn.Module):
+    """What Encoder and Decoder share (section 3.1): the token embedding (unless shared), the
+    positions, dropout, N = num_layers identical layers and the optional final LayerNorm (as
+    pre-norm models and nn.Transformer have)."""
 
+    layer_class: type[nn.Module]
 
-def embed(stack: Encoder | Decoder, ids: Tensor, positions: Tensor | None = None) -> Tensor:
-    """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d).
-    `positions` (L, d) replaces PE[0..L-1] (decoding one position at a time)."""
-    c = stack.config
-    x = stack.embedding(ids)  # (B, L, d)
-    if c.scale_embeddings:
-        x = x * math.sqrt(c.d_model)
-    pe = position_table(stack, ids.shape[1]) if positions is None else positions
-    return stack.dropout(x + pe.to(x.dtype))
-
-
-def position_parts(stack: Encoder | Decoder, config: TransformerConfig) -> None:
-    """Give `stack` its positions: a learned nn.Embedding, or the sinusoid table as a buffer that
-    stays out of the state_dict (it is a function of the config, not a weight)."""
-    if config.position_kind == "learned":
-        stack.position_embedding = nn.Embedding(config.max_len, config.d_model)
-    else:
-        stack.position_embedding = None
-        table = sinusoidal_positions(config.max_len, config.d_model, config.sinusoid_layout)
-        stack.register_buffer("sinusoid", table, persistent=False)
-
-
-class Encoder(nn.Module):
-    """Section 3.1: a stack of N identical layers over the embedded source (+ a final
-    LayerNorm when the config asks, as pre-norm models and nn.Transformer have)."""
-
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        num_layers: int,
+        vocab_size: int,
+        embedding: nn.Embedding | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.embedding = nn.Embedding(config.src_vocab_size, config.d_model)
-        position_parts(self, config)
+        # A shared embedding (section 3.4) is the encoder's nn.Embedding, passed in: one Parameter
+        # that the state_dict lists under both stacks' keys.
+        self.embedding = (
+            nn.Embedding(vocab_size, config.d_model) if embedding is None else embedding
+        )
+        if config.position_kind == "learned":
+            self.position_embedding = nn.Embedding(config.max_len, config.d_model)
+        else:
+            self.position_embedding = None
+            # A buffer that stays out of the state_dict: a function of the config, not a weight.
+            table = sinusoidal_positions(config.max_len, config.d_model, config.sinusoid_layout)
+            self.register_buffer("sinusoid", table, persistent=False)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
+        self.layers = nn.ModuleList(self.layer_class(config) for _ in range(num_layers))
         self.final_norm = layer_norm(config) if config.final_norm else None
 
+    def _position_table(self, length: int) -> Tensor:
+        """Section 3.5: the position encodings of positions 0..length-1, (length, d)."""
+        c = self.config
+        if self.position_embedding is not None:  # learned; check_inputs refused L > max_len
+            return self.position_embedding.weight[:length]
+        if length <= self.sinusoid.shape[0]:
+            return self.sinusoid[:length]
+        # Sinusoids extrapolate (section 3.5): a longer table for this call only.
+        return sinusoidal_positions(length, c.d_model, c.sinusoid_layout).to(self.sinusoid.device)
+
+    def embed(
+        self,
+        ids: Tensor,
+        *,
+        start: Tensor | None = None,
+        max_steps: int | None = None,  # idiom: a static table length, so `start` stays on device
+    ) -> Tensor:
+        """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]), (B, L, d);
+        start None = 0. A decoding step's `start` is the cache's index tensor, read on the device
+        from a table of max_steps positions (default max_len) rather than back on the host."""
+        c = self.config
+        x = self.embedding(ids)  # (B, L, d)
+        if c.scale_embeddings:
+            x = x * math.sqrt(c.d_model)
+        if start is None:
+            pe = self._position_table(ids.shape[1])
+        else:
+            positions = start + torch.arange(ids.shape[1], device=ids.device)  # (L,)
+            table = self._position_table(c.max_len if max_steps is None else max_steps)
+            pe = table.index_select(0, positions)
+        return self.dropout(x + pe.to(x.dtype))
+
+
+class Encoder(Stack):
+    """Section 3.1: N = num_encoder_layers encoder layers over the embedded source."""
+
+    layer_class = EncoderLayer
+
+    def __init__(self, config: TransformerConfig, embedding: nn.Embedding | None = None) -> None:
+        super().__init__(config, config.num_encoder_layers, config.src_vocab_size, embedding)
+
     def forward(
-        self, src: Tensor, *, need_weights: bool = False
+        self, src: Tensor, mask: Tensor, *, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor]]:
-        """Returns (memory (B, S, d), self-attention probabilities per layer or None, hidden
-        states: the embedding output and every layer's output, before the final norm)."""
-        mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
-        x = embed(self, src)
+        """src (B, S) ids under mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention
+        probabilities per layer or None, hidden states: the embedding output and every layer's
+        output, before the final norm)."""
+        x = self.embed(src)
         attentions, hidden = [], [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, need_weights=need_weights)
+            x, probs = layer(x, mask, return_attention=return_attention)
             attentions.append(probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, attentions if need_weights else None, hidden
+        return x, attentions if return_attention else None, hidden
 
 
-class Decoder(nn.Module):
-    """Section 3.1: a stack of N identical layers over the embedded, right-shifted target, each
-    attending the encoder output (+ an optional final LayerNorm)."""
+class Decoder(Stack):
+    """Section 3.1: N = num_decoder_layers decoder layers over the embedded, right-shifted
+    target, each attending the encoder output."""
 
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embedding = nn.Embedding(config.tgt_vocab_size, config.d_model)
-        position_parts(self, config)
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_decoder_layers))
-        self.final_norm = layer_norm(config) if config.final_norm else None
+    layer_class = DecoderLayer
+
+    def __init__(self, config: TransformerConfig, embedding: nn.Embedding | None = None) -> None:
+        super().__init__(config, config.num_decoder_layers, config.tgt_vocab_size, embedding)
 
     def forward(
-        self, tgt_in: Tensor, memory: Tensor, src: Tensor, *, need_weights: bool = False
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        self_mask: Tensor,
+        memory_mask: Tensor,
+        *,
+        return_attention: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None, list[Tensor]]:
-        """Returns (output (B, T, d), self and cross probabilities per layer or None, hidden
-        states). `src` gives the padding of `memory`; `tgt_in` starts with BOS."""
-        self_mask = decoder_self_mask(tgt_in, self.config.pad_id)  # (B, 1, T, T)
-        memory_mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
-        x = embed(self, tgt_in)
+        """tgt_in (B, T) ids (BOS first) over memory (B, S, d), under self_mask (B, 1, T, T) and
+        memory_mask (B, 1, 1, S). Returns (output (B, T, d), self and cross probabilities per
+        layer or None, hidden states)."""
+        x = self.embed(tgt_in)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
-            x, self_probs, cross_probs = layer(
-                x, memory, self_mask, memory_mask, need_weights=need_weights
+            x, self_probs, cross_probs, _ = layer(
+                x, memory, self_mask, memory_mask, return_attention=return_attention
             )
             self_attentions.append(self_probs)
             cross_attentions.append(cross_probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        if not need_weights:
+        if not return_attention:
             return x, None, None, hidden
         return x, self_attentions, cross_attentions, hidden
 
@@ -375,9 +472,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
-        if config.share_embeddings:
-            self.decoder.embedding = self.encoder.embedding
+        shared = self.encoder.embedding if config.share_embeddings else None
+        self.decoder = Decoder(config, shared)
         self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
         if config.tie_output:
             self.output.weight = self.decoder.embedding.weight  # (V, d): logits = y E^T
@@ -396,23 +492,50 @@ class Transformer(nn.Module):
             nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
 
     def encode(
-        self, src: Tensor, *, need_weights: bool = False
+        self, src: Tensor, *, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor]]:
-        """The encoder on source ids (B, S); see Encoder.forward."""
-        return self.encoder(src, need_weights=need_weights)
+        """The encoder on source ids (B, S) under their padding mask; see Encoder.forward."""
+        mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
+        return self.encoder(src, mask, return_attention=return_attention)
 
     def decode(
-        self, tgt_in: Tensor, memory: Tensor, src: Tensor, *, need_weights: bool = False
+        self, tgt_in: Tensor, memory: Tensor, src: Tensor, *, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None, list[Tensor]]:
-        """The decoder on target ids (B, T) shifted right behind BOS; see Decoder.forward."""
-        return self.decoder(tgt_in, memory, src, need_weights=need_weights)
+        """The decoder on target ids (B, T) shifted right behind BOS, over memory (B, S, d) whose
+        padding `src` (B, S) gives. Returns (logits (B, T, V), self and cross probabilities per
+        layer or None, hidden states); see Decoder.forward."""
+        pad = self.config.pad_id
+        y, self_attentions, cross_attentions, hidden = self.decoder(
+            tgt_in,
+            memory,
+            decoder_self_mask(tgt_in, pad),  # (B, 1, T, T)
+            key_padding_mask(src, pad),  # (B, 1, 1, S)
+            return_attention=return_attention,
+        )
+        return self.logits(y), self_attentions, cross_attentions, hidden
 
     def logits(self, y: Tensor) -> Tensor:
-        """Section 3.4: the pre-softmax linear transformation, (B, T, d) -> (B, T, V)."""
+        """Section 3.4: the pre-softmax linear transformation, (..., d) -> (..., V)."""
         return self.output(y)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Logits (B, T, V) of teacher-forced decoding: the fused attention path throughout."""
-        memory, _, _ = self.encode(src)
-        y, _, _, _ = self.decode(tgt_in, memory, src)
-        return self.logits(y)
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, *, return_attention: bool = False
+    ) -> dict[str, Tensor | list[Tensor] | None]:
+        """Teacher-forced decoding; the keys are the fields of common.spec.results.ForwardOutput.
+        The attention lists are None unless return_attention (the explicit path; otherwise the
+        fused one throughout); the hidden states are always there."""
+        memory, encoder_attentions, encoder_hidden = self.encode(
+            src, return_attention=return_attention
+        )
+        logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
+            tgt_in, memory, src, return_attention=return_attention
+        )
+        return {
+            "logits": logits,
+            "encoder_output": memory,
+            "encoder_self_attention": encoder_attentions,
+            "decoder_self_attention": self_attentions,
+            "cross_attention": cross_attentions,
+            "encoder_hidden_states": encoder_hidden,
+            "decoder_hidden_states": decoder_hidden,
+        }

@@ -9,8 +9,8 @@ out: the tests' batches change shape, and eager autograd is the reference torch 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -21,25 +21,13 @@ from torch_impl.model import Transformer
 from torch_impl.weights import canonical_from_state_dict
 
 
-@dataclass
-class Loss:
-    """One batch's objective: `loss` carries the autograd graph; accuracy and tokens do not."""
-
-    loss: Tensor  # () mean label-smoothed cross-entropy over non-pad targets
-    accuracy: float  # fraction of non-pad targets whose argmax logit is right
-    tokens: int  # how many targets are not padding
-
-
-def shift_right(tgt: Tensor, bos_id: int) -> Tensor:
-    """Decoder input, the mirror of common.spec.masks.shift_right: the target one step right behind
-    BOS (teacher forcing, section 3.1: "output embeddings are offset by one position")."""
-    bos = torch.full_like(tgt[:, :1], bos_id)  # (B, 1)
-    return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
-
-
-def label_smoothed_loss(logits: Tensor, targets: Tensor, pad_id: int, smoothing: float) -> Loss:
+def label_smoothed_loss(
+    logits: Tensor, targets: Tensor, pad_id: int, smoothing: float
+) -> tuple[Tensor, float, int]:
     """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
-    targets that are not padding.
+    targets that are not padding. Returns (loss, accuracy, tokens): the mean loss (a () tensor
+    carrying the autograd graph), the fraction of non-pad targets whose argmax logit is right,
+    and how many targets are not padding.
 
     F.cross_entropy(label_smoothing=eps) has exactly this definition (eps / V to every class, the
     true one included) and ignore_index drops pad targets from both terms. It is summed and then
@@ -59,19 +47,22 @@ def label_smoothed_loss(logits: Tensor, targets: Tensor, pad_id: int, smoothing:
         correct = (logits.argmax(dim=-1) == targets) & keep  # argmax takes the first maximum
         # A Python division: int64 / int in torch gives float32, too coarse for a float64 run.
         accuracy = int(correct.sum()) / max(tokens, 1)
-    return Loss(summed / max(tokens, 1), accuracy, tokens)
+    return summed / max(tokens, 1), accuracy, tokens
 
 
-def compute_loss(model: Transformer, src: Tensor, tgt: Tensor) -> Loss:
-    """The loss of `model` on (src, tgt) (B, S), (B, T): the decoder reads tgt shifted right
-    behind BOS and predicts tgt itself. Dropout follows the module's training flag."""
+def compute_loss(
+    model: Transformer, src: Tensor, tgt_in: Tensor, tgt: Tensor
+) -> tuple[Tensor, float, int]:
+    """The loss of `model` on src (B, S) and the target tgt (B, T), teacher-forced: the decoder
+    reads tgt_in (tgt shifted right behind BOS, common.spec.masks.shift_right) and predicts tgt.
+    Dropout follows the module's training flag."""
     c = model.config
-    logits = model(src, shift_right(tgt, c.bos_id))  # (B, T, V), the fused attention path
+    logits = model(src, tgt_in)["logits"]  # (B, T, V), the fused attention path
     return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)
 
 
 @contextlib.contextmanager
-def training(model: nn.Module) -> Iterator[None]:
+def _training(model: nn.Module) -> Iterator[None]:
     """model.train() for the block (dropout on, as the config sets it), eval() again after: the
     adapter's model stays in eval mode for forward and decoding."""
     was_training = model.training
@@ -82,7 +73,22 @@ def training(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def canonical_grads(model: Transformer) -> dict[str, Tensor]:
+def loss_and_grads(
+    model: Transformer, src: Tensor, tgt_in: Tensor, tgt: Tensor
+) -> tuple[Tensor, float, int, dict[str, Tensor]]:
+    """(loss, accuracy, tokens) as compute_loss, the loss detached, and d loss / d weight for
+    every canonical tensor; leaves no `.grad` behind, so that it cannot leak into an optimiser
+    step."""
+    model.zero_grad(set_to_none=True)
+    with _training(model):
+        loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
+        loss.backward()
+    grads = {name: g.detach().clone() for name, g in canonical_grads(model).items()}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), accuracy, tokens, grads
+
+
+def canonical_grads(model: Transformer) -> dict[str, Tensor]:  # idiom: grads live on .grad
     """Every Parameter's `.grad` under canonical names and layouts, in canonical order.
 
     The grads are read through the state_dict's keys, so weights.py's transposes and head splits
@@ -98,26 +104,22 @@ def canonical_grads(model: Transformer) -> dict[str, Tensor]:
     return canonical_from_state_dict(model.config, state)
 
 
-def loss_and_grads(model: Transformer, src: Tensor, tgt: Tensor) -> tuple[Loss, dict[str, Tensor]]:
-    """The loss and d loss / d weight for every canonical tensor; leaves no `.grad` behind, so
-    that it cannot leak into an optimiser step."""
-    model.zero_grad(set_to_none=True)
-    with training(model):
-        out = compute_loss(model, src, tgt)
-        out.loss.backward()
-    grads = {name: g.detach().clone() for name, g in canonical_grads(model).items()}
-    model.zero_grad(set_to_none=True)
-    return out, grads
+def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> Callable[[int], float]:
+    """Section 5.3, Eq. (3): step -> lrate = factor * d_model^-0.5 * min(step^-0.5,
+    step * warmup^-1.5), step counting from 1: common.oracle.training.noam_learning_rate itself
+    (the function torch.optim.lr_scheduler.LambdaLR would take)."""
+    return partial(noam_learning_rate, d_model=d_model, warmup=warmup, factor=factor)
 
 
-def make_optimizer(model: nn.Module) -> torch.optim.Adam:
+def make_optimizer(model: nn.Module) -> torch.optim.Adam:  # idiom: train_step sets the rate
     """Section 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9. torch adds eps to
     sqrt(v_hat), as common.oracle.training.adam_step does. model.parameters() yields a tied Parameter
-    once, so a tied tensor has one set of moments. The learning rate is set before every step."""
+    once, so a tied tensor has one set of moments. The learning rate is set before every step
+    (train_step), so warmup and factor are train_step's arguments, not this one's."""
     return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS)
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Every param group's rate for the next step (the schedule lives outside the optimiser)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -127,8 +129,10 @@ def train_step(
     model: Transformer,
     optimizer: torch.optim.Optimizer,
     src: Tensor,
+    tgt_in: Tensor,
     tgt: Tensor,
     *,
+    # idiom: the rate is written into torch's optimiser per step, from the lifetime step count
     step: int,
     warmup: int,
     factor: float = 1.0,
@@ -136,15 +140,15 @@ def train_step(
     """One Adam step at the Noam rate of `step` (section 5.3, Eq. (3); step counts from 1).
     Returns the batch's loss, taken before the update.
 
-    The rate is written into the optimiser rather than driven by LambdaLR: the schedule is then
-    common.oracle.training.noam_learning_rate itself, and warmup and factor may differ between calls
-    while the step count runs on over the model's lifetime.
+    The rate is written into the optimiser rather than driven by LambdaLR: warmup and factor may
+    then differ between calls while the step count runs on over the model's lifetime.
     """
-    set_learning_rate(optimizer, noam_learning_rate(step, model.config.d_model, warmup, factor))
+    lr = noam_schedule(model.config.d_model, warmup, factor)(step)
+    _set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
-    with training(model):
-        out = compute_loss(model, src, tgt)
-        out.loss.backward()
+    with _training(model):
+        loss, _, _ = compute_loss(model, src, tgt_in, tgt)
+        loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(out.loss.detach())
+    return float(loss.detach())

@@ -63,6 +63,7 @@ def native_name_map(config: TransformerConfig) -> dict[str, str]:
     return names
 
 
+# idiom: a tied tensor is one Parameter that the state_dict lists under several keys
 def native_aliases(config: TransformerConfig) -> dict[str, list[str]]:
     """{canonical name: every state_dict key that holds it}; more than one only when tied."""
     aliases = {name: [key] for name, key in native_name_map(config).items()}
@@ -74,6 +75,7 @@ def native_aliases(config: TransformerConfig) -> dict[str, list[str]]:
     return aliases
 
 
+# idiom: nn.Linear stores W^T and merged heads (the table above); docs and porting read it
 def native_shape(spec: TensorSpec) -> tuple[int, ...]:
     """The shape of canonical tensor `spec` in the state_dict."""
     if spec.role == "kernel":
@@ -83,7 +85,8 @@ def native_shape(spec: TensorSpec) -> tuple[int, ...]:
     return spec.shape
 
 
-def to_native(spec: TensorSpec, t: Tensor) -> Tensor:
+# idiom: per tensor, canonical -> nn.Linear's (out, in) layout; the others map whole models
+def tensor_to_native(spec: TensorSpec, t: Tensor) -> Tensor:
     """Canonical layout -> nn.Linear / nn.LayerNorm / nn.Embedding layout (exact: no arithmetic).
 
     A kernel, of any rank, is a view of the matrix (fan_in, fan_out) that nn.Linear stores
@@ -95,14 +98,16 @@ def to_native(spec: TensorSpec, t: Tensor) -> Tensor:
     return t.reshape(native_shape(spec))  # attention biases (h, d_k) -> (h*d_k,)
 
 
-def to_canonical(spec: TensorSpec, t: Tensor) -> Tensor:
-    """Inverse of to_native."""
+# idiom: per tensor, the inverse of tensor_to_native
+def tensor_to_canonical(spec: TensorSpec, t: Tensor) -> Tensor:
+    """Inverse of tensor_to_native."""
     want = native_shape(spec)
     assert tuple(t.shape) == want, f"{spec.name}: state_dict has {tuple(t.shape)}, needs {want}"
     out = t.T if spec.role == "kernel" else t  # (out, in) -> (in, out), then split the heads
     return out.reshape(spec.shape).contiguous()
 
 
+# idiom: the state_dict is torch's native container (load_state_dict, torch.save)
 def state_dict_from_canonical(
     config: TransformerConfig, weights: Mapping[str, Tensor]
 ) -> dict[str, Tensor]:
@@ -110,19 +115,21 @@ def state_dict_from_canonical(
     aliases = native_aliases(config)
     state = {}
     for spec in canonical_specs(config):
-        native = to_native(spec, weights[spec.name])
+        native = tensor_to_native(spec, weights[spec.name])
         for key in aliases[spec.name]:
             state[key] = native
     return state
 
 
+# idiom: the inverse, over any state_dict-shaped mapping (train.py passes the .grad tensors)
 def canonical_from_state_dict(
     config: TransformerConfig, state: Mapping[str, Tensor]
 ) -> dict[str, Tensor]:
     """Canonical tensors, in canonical order, from a Transformer(config) state_dict."""
     keys = native_name_map(config)
     return {
-        spec.name: to_canonical(spec, state[keys[spec.name]]) for spec in canonical_specs(config)
+        spec.name: tensor_to_canonical(spec, state[keys[spec.name]])
+        for spec in canonical_specs(config)
     }
 
 
@@ -140,7 +147,7 @@ def load_canonical(model: nn.Module, weights: Mapping[str, Tensor]) -> None:
         )
     keys = native_name_map(config)
     for spec in canonical_specs(config):
-        native, key = to_native(spec, weights[spec.name]), keys[spec.name]
+        native, key = tensor_to_native(spec, weights[spec.name]), keys[spec.name]
         assert native.shape == params[key].shape, f"{key}: {native.shape} != {params[key].shape}"
         params[key].copy_(native)  # a tied Parameter is copied once, through its first key
 
@@ -152,6 +159,7 @@ def export_canonical(model: nn.Module) -> dict[str, Tensor]:
 
 # -- the native checkpoint: torch.save(model.state_dict()) ------------------------------------
 
+# idiom: the format's dtype names -> torch dtypes (backend.py builds models in these)
 TORCH_DTYPES = {
     "float64": torch.float64,
     "float32": torch.float32,
@@ -160,7 +168,7 @@ TORCH_DTYPES = {
 }
 
 
-def torch_dtype_name(t: Tensor) -> str:
+def _dtype_name(t: Tensor) -> str:
     """'float32', 'bfloat16', ..., 'int64': torch's name without the 'torch.' prefix, which for
     the floats is the format's name (common.spec.dtypes)."""
     return str(t.dtype).removeprefix("torch.")
@@ -280,6 +288,7 @@ def _sniff(path: Path) -> str | None:
     return None
 
 
+# idiom: any .pt/.bin state_dict, for the backend's read_tensors (porting other checkpoints)
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """Every tensor of a .pt/.bin state_dict, loaded with `weights_only=True` and nothing else.
 
@@ -347,7 +356,7 @@ def _reason(exc: BaseException) -> str:
     return shown(text.split(". ")[0].strip())[:200] or type(exc).__name__
 
 
-def state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor]) -> list[str]:
+def _state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor]) -> list[str]:
     """Everything wrong with `state` as a Transformer(config) state_dict, in state_dict keys
     (what a torch user sees in the file): missing, unexpected, wrong-shaped, a non-float or
     mixed dtype, and tied aliases that hold different values."""
@@ -367,7 +376,7 @@ def state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor]) 
                 f"wrong shape for {key}{also}: file has {list(state[key].shape)}, "
                 f"config needs {list(native_shape(spec))}"
             )
-    problems += dtype_problems({k: (torch_dtype_name(t), tuple(t.shape)) for k, t in state.items()})
+    problems += dtype_problems({k: (_dtype_name(t), tuple(t.shape)) for k, t in state.items()})
     if problems:
         return problems
     for name, keys in aliases.items():
@@ -391,7 +400,7 @@ def write_native(
     and `to_empty`: to_empty gives each module its own new Parameter and so unties the tied
     embeddings, which this file must keep as one tensor under several keys.
     """
-    dtype = TORCH_DTYPES[torch_dtype_name(next(iter(weights.values())))]
+    dtype = TORCH_DTYPES[_dtype_name(next(iter(weights.values())))]
     module = Transformer(config).to(dtype)
     load_canonical(module, weights)
     state = module.state_dict()
@@ -404,7 +413,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, Tensor
     """Canonical tensors, in canonical order and the stored dtype, from a Transformer(config)
     state_dict file; one WeightFileError lists every problem."""
     state = read_state_dict(path)
-    problems = state_dict_problems(config, state)
+    problems = _state_dict_problems(config, state)
     if problems:
         raise WeightFileError(str(path), problems)
     return canonical_from_state_dict(config, state)

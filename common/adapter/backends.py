@@ -187,7 +187,12 @@ class BackendInfo:
 
 REGISTRY: dict[str, BackendInfo] = {
     "numpy": BackendInfo(
-        "numpy", "common.adapter.reference_backend", "NumpyBackend", ("numpy",), "", "NumPy float64 oracle"
+        "numpy",
+        "common.adapter.reference_backend",
+        "NumpyBackend",
+        ("numpy",),
+        "",
+        "NumPy float64 oracle",
     ),
     "torch": BackendInfo(
         "torch", "torch_impl.backend", "TorchBackend", ("torch",), "torch", "PyTorch"

@@ -214,7 +214,7 @@ def measure_parity() -> list[dict]:
     import io
     import json
 
-    from common.app.cli import main as rosetta
+    from common.app.cli.main import main as rosetta
 
     reports = []
     for dtype, name in MEASURED_RUNS:
@@ -315,7 +315,7 @@ def limits_table() -> str:
     """Every bound on what a user's file or option may make the program do, from the constants
     that enforce it, with the reason each constant's comment gives."""
     from common.app import resources
-    from common.app.cli import MAX_REPEATS, SEED_MAX
+    from common.app.cli.args import MAX_REPEATS, SEED_MAX
     from common.files import outputs, safe_read
 
     rows = [
@@ -383,7 +383,9 @@ def main(argv: list[str]) -> int:
                 atomic_write(doc, lambda tmp, text=fresh: Path(tmp).write_text(text))
                 print(f"wrote {doc}")
     if "--check" in argv and stale:
-        print(f"stale: {', '.join(map(str, stale))}: run python -m common.docs", file=sys.stderr)
+        print(
+            f"stale: {', '.join(map(str, stale))}: run python -m common.app.docs", file=sys.stderr
+        )
         return 1
     return 0
 

@@ -8,7 +8,7 @@
   command each, as `add_<command>(sub)` (its arguments) and `run_<command>_command(args)`.
 - main.py: the parser of all commands, `main` and its error handling (one line, exit 2), and a
   standard output that may close.
-- __main__.py: `python -m common.app.cli ...`, the same as `rosetta ...`.
+- __main__.py: `python -m common.app.cli ...`, the same commands as `rosetta ...`.
 
 Imports point one way: the command modules import args (and task_models), main imports the
 commands, and only common/app/launch.py and __main__.py import main. This file imports nothing,

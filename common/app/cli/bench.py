@@ -16,7 +16,7 @@ from common.app.cli.args import (
     repeats_int,
 )
 from common.app.resources import check_forward_fits
-from common.spec.config import PRESETS, preset
+from common.spec.config import PRESETS, TransformerConfig, preset
 
 
 def run_bench_command(args: argparse.Namespace) -> int:

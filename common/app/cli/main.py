@@ -1,0 +1,152 @@
+"""`rosetta`'s entry: the parser of every command, and `main`, where every error a user can cause
+becomes one line on stderr and an exit code (0 ok, 1 a parity or threshold failure, 2 bad
+input), and where a closed standard output or error does not stop the work."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from common.app.cli.args import EXIT_BAD_INPUT, Parser, UsageError
+from common.app.cli.bench import add_bench
+from common.app.cli.convert import add_convert
+from common.app.cli.demo import add_demo
+from common.app.cli.forward import add_forward
+from common.app.cli.inspect import add_inspect
+from common.app.cli.parity import add_parity
+from common.app.cli.train import add_train
+from common.app.cli.translate import add_translate
+from common.errors import RosettaError
+from common.files.outputs import Interrupted, shown, signals_end_cleanly
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`rosetta` and its commands, in the order `rosetta --help` lists them."""
+    parser = Parser(
+        prog="rosetta",
+        description=(
+            "Transformer Rosetta: one encoder-decoder Transformer in PyTorch, Keras 3/TensorFlow "
+            "and Flax NNX/JAX, with a NumPy float64 oracle and one weight format."
+        ),
+        epilog="Exit codes: 0 ok, 1 a parity or threshold failure, 2 bad input.",
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    for add in (
+        add_demo,
+        add_train,
+        add_translate,
+        add_parity,
+        add_forward,
+        add_convert,
+        add_bench,
+        add_inspect,
+    ):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Every error a user can cause ends here as one line on stderr and exit
+    2; a termination signal as one line and 128 + its number, after removing partial files."""
+    _replace_closed_streams()
+    for stream in (sys.stdout, sys.stderr):  # a name the terminal cannot encode is escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    sys.stdout = _StdoutThatMayClose(sys.stdout)
+    try:
+        with signals_end_cleanly():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not hasattr(args, "run"):
+                raise UsageError(
+                    "no command given; choose one of demo, train, translate, parity, forward, "
+                    "convert, bench, inspect (see 'rosetta --help')"
+                )
+            # Non-finite values are reported once, by name (see config_and_weights); numpy's
+            # own RuntimeWarnings about NaN arithmetic would only add lines after that.
+            with np.errstate(all="ignore"):
+                code = args.run(args)
+            sys.stdout.flush()  # a full disk or a closed pipe shows here, not after exit
+            return code
+    except RosettaError as exc:
+        return _fail(str(exc))
+    except MemoryError:
+        return _fail("out of memory; try a smaller batch, length or model")
+    except KeyboardInterrupt:
+        print("rosetta: interrupted", file=sys.stderr)
+        return 130
+    except Interrupted as exc:
+        print(f"rosetta: stopped by {exc}; no partial file was left", file=sys.stderr)
+        return 128 + exc.signum
+    except OSError as exc:  # e.g. stdout on a full disk, or a write that the system refused
+        _silence_stdout()
+        where = shown(exc.filename) if exc.filename else "to standard output"
+        return _fail(f"cannot write {where}: {exc.strerror or exc}")
+    finally:
+        if isinstance(sys.stdout, _StdoutThatMayClose):
+            sys.stdout = sys.stdout.stream
+
+
+MAX_MESSAGE_CHARS = 1000  # an error is one readable line, whatever the input it quotes
+
+
+def _fail(message: str) -> int:
+    text = shown(message or "failed")
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 40] + f"... ({len(text):,} characters in all)"
+    with contextlib.suppress(OSError):  # stderr itself may be a full disk: the exit code stays
+        print(f"rosetta: error: {text}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+class _StdoutThatMayClose:
+    """stdout, except that a reader who goes away (`rosetta train ... | head -1`) does not stop
+    the work: the rest of the output goes to the null device, and the files are still written."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        _silence_stdout()
+        self.stream = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _replace_closed_streams() -> None:
+    """Python sets sys.stdout/sys.stderr to None when fd 1 or 2 was closed at start
+    (`rosetta ... 2>&-`); write to the null device instead of failing on the first print."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the process
+
+
+def _silence_stdout() -> None:
+    """After stdout failed, point it at the null device so the interpreter's own flush at exit
+    does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
