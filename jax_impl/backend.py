@@ -49,6 +49,7 @@ def _forward(
 _forward_compiled = nnx.jit(_forward, static_argnames=("return_attention", "hidden_states"))
 
 
+# idiom: JAX places arrays on jax.Device objects (jax.device_put)
 def jax_device(device: str) -> jax.Device:
     """'cpu' or 'gpu:N' as a jax.Device; ValueError naming the devices there are otherwise."""
     platform, _, index = device.partition(":")

@@ -352,6 +352,7 @@ class Stack(nnx.Module):
 
     layer_class: type[EncoderLayer | DecoderLayer]
 
+    # idiom: no `embedding`: a shared table is one nnx.Param on the Transformer, passed as `table`
     def __init__(
         self,
         config: TransformerConfig,
@@ -416,6 +417,7 @@ class Encoder(Stack):
 
     layer_class = EncoderLayer
 
+    # idiom: no `embedding`: a shared table is one nnx.Param on the Transformer, passed as `table`
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         super().__init__(
             config, config.num_encoder_layers, config.src_vocab_size, dtype=dtype, rngs=rngs
@@ -450,6 +452,7 @@ class Decoder(Stack):
 
     layer_class = DecoderLayer
 
+    # idiom: no `embedding`: a shared table is one nnx.Param on the Transformer, passed as `table`
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         super().__init__(
             config, config.num_decoder_layers, config.tgt_vocab_size, dtype=dtype, rngs=rngs

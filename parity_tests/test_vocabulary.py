@@ -284,3 +284,81 @@ def test_a_rename_in_one_implementation_alone_fails(trees, impl, module, old, ne
     problems = differences(changed)
     assert problems, f"renaming {old} to {new} in {impl}/{module}.py went unnoticed"
     assert any(new in p or old in p for p in problems), problems
+
+
+def idiom_marked(lines: list[str], first: int, last: int) -> bool:
+    """A `# idiom:` comment on lines first..last (1-based) or on the two lines above them."""
+    return any("# idiom:" in line for line in lines[max(first - 3, 0) : last])
+
+
+def definitions(tree: ast.Module) -> dict[str, tuple[ast.AST, ast.ClassDef | None]]:
+    """Every top-level and method definition by its vocabulary name (module prefix aside)."""
+    found: dict[str, tuple[ast.AST, ast.ClassDef | None]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found[node.name] = (node, None)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    found[f"{node.name}.{CALL_NAMES.get(item.name, item.name)}"] = (item, node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    found[t.id] = (node, None)
+    return found
+
+
+def header_end(node: ast.AST) -> int:
+    """The last line of a definition's header: its signature, or the whole statement."""
+    body = getattr(node, "body", None)
+    return body[0].lineno - 1 if body else node.end_lineno
+
+
+def test_every_difference_is_marked_idiom_where_it_stands(trees):
+    """The exceptions above are not only listed here: the code says `# idiom:` at each one."""
+    unmarked = []
+    for impl, name in ONLY_IN:
+        module, _, rest = name.partition(".")
+        lines = (ROOT / impl / f"{module}.py").read_text().splitlines()
+        found = definitions(trees[impl][module])
+        key = next(
+            k
+            for k in found
+            if k.split(".")[-1] == rest.split(".")[-1]
+            and k.removeprefix(PREFIX[impl]).endswith(rest.removeprefix(PREFIX[impl]))
+        )
+        node, owner = found[key]
+        marked = idiom_marked(lines, node.lineno, header_end(node))
+        if not marked and owner is not None:  # a method of a class marked as a whole
+            marked = idiom_marked(lines, owner.lineno, owner.lineno)
+        if not marked:
+            unmarked.append((impl, name))
+    for name, (extra, _) in PARAMS_DIFFER.items():
+        module, _, rest = name.partition(".")
+        nodes = {}
+        for impl in IMPLS:
+            found = definitions(trees[impl][module])
+            nodes[impl] = next(
+                n for k, (n, _) in found.items() if k.removeprefix(PREFIX[impl]) == rest
+            )
+        for param in sorted(extra):
+            args = {
+                impl: {a.arg: a for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs}
+                for impl, n in nodes.items()
+            }
+            holders = [impl for impl in IMPLS if param in args[impl]]
+            # The side that differs from the majority says why: on the parameter, or on the
+            # definition's first line (where it lacks the parameter, or for a group of them).
+            minority = (
+                holders
+                if len(holders) <= len(IMPLS) / 2
+                else [impl for impl in IMPLS if impl not in holders]
+            )
+            for impl in minority:
+                lines = (ROOT / impl / f"{module}.py").read_text().splitlines()
+                first = nodes[impl].lineno
+                line = args[impl][param].lineno if param in args[impl] else first
+                if not (idiom_marked(lines, line, line) or idiom_marked(lines, first, first)):
+                    unmarked.append((impl, f"{name}({param})"))
+    assert unmarked == [], f"differences without an `# idiom:` comment where they stand: {unmarked}"

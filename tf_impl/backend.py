@@ -54,6 +54,7 @@ _ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_at
 _HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
 
 
+# idiom: TensorFlow places work by device name in a tf.device scope
 def tf_device(device: str) -> str:
     """'cpu' -> '/CPU:0', 'gpu:N' -> '/GPU:N'."""
     kind, _, index = device.partition(":")

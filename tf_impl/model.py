@@ -60,10 +60,8 @@ def sinusoidal_positions(
     length: int,
     d_model: int,
     layout: str,
-    # idiom: keras.ops picks no float64 by itself, and a compiled decode step passes its
-    # position as a tensor `start`, so that it does not retrace per position
-    dtype: str,
-    start: Any = None,
+    dtype: str,  # idiom: keras.ops picks no float64 by itself
+    start: Any = None,  # idiom: a tensor position, so a compiled decode step does not retrace
 ) -> Any:
     """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
 
@@ -526,6 +524,7 @@ class Stack(_ConfigLayer):
         if self.config.final_norm:
             self.final_norm.build(shape)
 
+    # idiom: no max_steps: keras.ops computes the rows for a tensor start in the graph
     def embed(self, ids: Any, *, start: Any = None, training: bool | None = None) -> Any:
         """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
         start (a decode step's index), PE[start..start+L-1]."""

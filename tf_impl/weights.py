@@ -104,6 +104,7 @@ def export_canonical(model: Transformer) -> dict[str, np.ndarray]:
 KERAS_SUFFIX = ".weights.h5"  # idiom: Keras's save_weights requires this suffix
 
 
+# idiom: Keras's own save_weights of a live model (torch's torch.save is all of write_native)
 def save_native(model: Transformer, path: str | Path) -> None:
     """Write Keras's native checkpoint (`model.save_weights`) atomically; the path must end in
     .weights.h5, as Keras requires (atomic_write's temp file keeps the destination's name)."""
@@ -224,6 +225,7 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     return {name: tensors[name] for name in canonical_shapes(config)}
 
 
+# idiom: Keras's own load_weights, into a model made for the config
 def load_native(config: TransformerConfig, path: str | Path, dtype: str = "float32") -> Transformer:
     """A new model for `config` in `dtype` holding the weights of a `.weights.h5` checkpoint."""
     model = new_model(config, dtype)

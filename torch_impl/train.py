@@ -125,15 +125,14 @@ def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def train_step(
+def train_step(  # idiom: torch's optimiser is given each step's rate (step, warmup, factor)
     model: Transformer,
     optimizer: torch.optim.Optimizer,
     src: Tensor,
     tgt_in: Tensor,
     tgt: Tensor,
     *,
-    # idiom: the rate is written into torch's optimiser per step, from the lifetime step count
-    step: int,
+    step: int,  # the model's lifetime step count, from 1
     warmup: int,
     factor: float = 1.0,
 ) -> float:
