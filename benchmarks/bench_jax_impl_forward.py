@@ -1,16 +1,18 @@
 """Forward-pass speed of jax_impl against a peer built from Flax's own layers, side by side.
 
-`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config and
-workload; `main()` runs the issues' one: the base model with a 32000-token vocabulary, batch 8,
-source and target length 128 with ragged padding. Always float32, CPU, eval mode, jitted.
-Contenders, timed in alternation:
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config,
+workload, device and precision; `main()` runs the issues' workload: the base model with a
+32000-token vocabulary, batch 8, source and target length 128 with ragged padding, eval mode,
+jitted. Everything lives on one jax.Device, in one dtype, and runs (and is traced) inside
+jax_impl.model.matmul_precision. Contenders, timed in alternation, each ending in
+jax.block_until_ready:
 - ours without attention outputs (jax.nn.dot_product_attention),
 - ours with attention outputs (explicit probabilities, returned for every layer),
 - the peer: the same post-norm encoder-decoder assembled from nnx.MultiHeadAttention,
   nnx.Linear, nnx.LayerNorm and nnx.Embed, with the same masks and the same weights,
-- a 2048 x 2048 float32 matmul, the machine's ceiling for the GFLOP/s column.
+- an n x n matmul (harness.matmul_size), the device's ceiling for the TFLOP/s column.
 
-    python -m benchmarks.bench_jax_impl_forward [--repeats N] [--json]
+    python -m benchmarks.bench_jax_impl_forward [--repeats N] [--device D] [--precision P] [--json]
 """
 
 from __future__ import annotations
@@ -27,12 +29,20 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
+from benchmarks.harness import matmul_size  # noqa: E402
+from benchmarks.suite import alternate, module_main, summarise  # noqa: E402
+from common.adapter.backends import get_backend  # noqa: E402
 from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.inputs import ragged_batch  # noqa: E402
+from common.spec.precision import bench_setting  # noqa: E402
 from common.weights.init import init_weights  # noqa: E402
-from jax_impl.model import causal_mask, key_padding_mask, sinusoidal_positions  # noqa: E402
-from jax_impl.weights import export_canonical, from_canonical  # noqa: E402
+from jax_impl.backend import jax_device  # noqa: E402
+from jax_impl.model import (  # noqa: E402
+    causal_mask,
+    key_padding_mask,
+    matmul_precision,
+    sinusoidal_positions,
+)
 
 WARMUP = 1  # one round: the first call of each jitted contender compiles it
 
@@ -40,15 +50,22 @@ WARMUP = 1  # one round: the first call of each jitted contender compiles it
 # -- the peer: Flax's own layers, wired as the paper's post-norm model ------------------------
 
 
+def _layers(dtype: jnp.dtype, rngs: nnx.Rngs) -> dict:
+    """The keywords every Flax layer of the peer takes: parameters and computation in `dtype`
+    (Flax's two knobs, param_dtype and dtype, set alike: the pure-dtype model ours is too)."""
+    return dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+
 class PeerEncoderLayer(nnx.Module):
-    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs):
-        norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, rngs=rngs)
+    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        kw = _layers(dtype, rngs)
+        norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, **kw)
         self.attention = nnx.MultiHeadAttention(
-            c.num_heads, c.d_model, decode=False, deterministic=True, rngs=rngs
+            c.num_heads, c.d_model, decode=False, deterministic=True, **kw
         )
         self.norm1, self.norm2 = norm(), norm()
-        self.ff1 = nnx.Linear(c.d_model, c.d_ff, rngs=rngs)
-        self.ff2 = nnx.Linear(c.d_ff, c.d_model, rngs=rngs)
+        self.ff1 = nnx.Linear(c.d_model, c.d_ff, **kw)
+        self.ff2 = nnx.Linear(c.d_ff, c.d_model, **kw)
 
     def __call__(self, x, mask):
         x = self.norm1(x + self.attention(x, mask=mask))
@@ -56,20 +73,16 @@ class PeerEncoderLayer(nnx.Module):
 
 
 class PeerDecoderLayer(nnx.Module):
-    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs):
-        norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, rngs=rngs)
+    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        kw = _layers(dtype, rngs)
+        norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, **kw)
         mha = functools.partial(
-            nnx.MultiHeadAttention,
-            c.num_heads,
-            c.d_model,
-            decode=False,
-            deterministic=True,
-            rngs=rngs,
+            nnx.MultiHeadAttention, c.num_heads, c.d_model, decode=False, deterministic=True, **kw
         )
         self.self_attention, self.cross_attention = mha(), mha()
         self.norm1, self.norm2, self.norm3 = norm(), norm(), norm()
-        self.ff1 = nnx.Linear(c.d_model, c.d_ff, rngs=rngs)
-        self.ff2 = nnx.Linear(c.d_ff, c.d_model, rngs=rngs)
+        self.ff1 = nnx.Linear(c.d_model, c.d_ff, **kw)
+        self.ff2 = nnx.Linear(c.d_ff, c.d_model, **kw)
 
     def __call__(self, x, memory, self_mask, memory_mask):
         x = self.norm1(x + self.self_attention(x, mask=self_mask))
@@ -80,21 +93,26 @@ class PeerDecoderLayer(nnx.Module):
 class Peer(nnx.Module):
     """Shared embedding, tied output, sinusoidal positions: the paper's base model."""
 
-    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs):
-        self.c = c
-        self.embed = nnx.Embed(c.src_vocab_size, c.d_model, rngs=rngs)
+    def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        self.c, self.dtype = c, dtype
+        kw = _layers(dtype, rngs)
+        self.embed = nnx.Embed(c.src_vocab_size, c.d_model, **kw)
         # The paper shares one table and ties the output to it (section 3.4); a config that does
         # not gets its own target table and output Linear, so that any config's vocabularies run.
         self.tgt_embed = (
-            None if c.share_embeddings else nnx.Embed(c.tgt_vocab_size, c.d_model, rngs=rngs)
+            None if c.share_embeddings else nnx.Embed(c.tgt_vocab_size, c.d_model, **kw)
         )
-        self.output = None if c.tie_output else nnx.Linear(c.d_model, c.tgt_vocab_size, rngs=rngs)
-        self.encoder = nnx.List([PeerEncoderLayer(c, rngs) for _ in range(c.num_encoder_layers)])
-        self.decoder = nnx.List([PeerDecoderLayer(c, rngs) for _ in range(c.num_decoder_layers)])
+        self.output = None if c.tie_output else nnx.Linear(c.d_model, c.tgt_vocab_size, **kw)
+        self.encoder = nnx.List(
+            [PeerEncoderLayer(c, rngs, dtype) for _ in range(c.num_encoder_layers)]
+        )
+        self.decoder = nnx.List(
+            [PeerDecoderLayer(c, rngs, dtype) for _ in range(c.num_decoder_layers)]
+        )
 
     def _embed(self, table, ids):
         pe = sinusoidal_positions(ids.shape[1], self.c.d_model, "interleaved")
-        return table(ids) * self.c.d_model**0.5 + jnp.asarray(pe, jnp.float32)
+        return table(ids) * self.c.d_model**0.5 + jnp.asarray(pe, self.dtype)
 
     def __call__(self, src, tgt_in):
         src_mask = key_padding_mask(src, self.c.pad_id)
@@ -129,10 +147,12 @@ def peer_matches(c: TransformerConfig) -> bool:
     )
 
 
-def peer_from_canonical(c: TransformerConfig, w: dict[str, np.ndarray]) -> Peer:
+def peer_from_canonical(
+    c: TransformerConfig, w: dict[str, np.ndarray], dtype: jnp.dtype = jnp.float32
+) -> Peer:
     """The peer holding our canonical weights, so that its logits can be checked against ours."""
-    peer = Peer(c, nnx.Rngs(0))
-    peer.embed.embedding[...] = w["shared_embedding"]
+    peer = Peer(c, nnx.Rngs(0), dtype)
+    peer.embed.embedding[...] = jnp.asarray(w["shared_embedding"], dtype)
     renames = {
         "self_attention": "attention",
         "self_attention_norm": "norm1",
@@ -165,7 +185,7 @@ def peer_from_canonical(c: TransformerConfig, w: dict[str, np.ndarray]) -> Peer:
         node = getattr(peer, stack)[i]
         for attr in rest[:-1]:
             node = getattr(node, attr)
-        getattr(node, rest[-1])[...] = jnp.asarray(value)
+        getattr(node, rest[-1])[...] = jnp.asarray(value, dtype)
     return peer
 
 
@@ -191,7 +211,6 @@ LABELS = {
     "ours": "ours (fused attention)",
     "ours_attention": "ours (attention outputs)",
     "peer": "peer (nnx.MultiHeadAttention)",
-    "matmul": f"matmul {MATMUL_N}^2",
 }
 
 
@@ -202,49 +221,64 @@ def measure(
     tgt_len: int,
     repeats: int,
     progress: Callable[[str], None] | None = None,
+    *,
+    device: str = "cpu",
+    precision: str = "highest",
 ) -> dict:
     """Median forward times of ours, ours with attention outputs, the peer and the matmul, in one run.
 
     The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
-    vocabularies are the config's). When the config is the peer's architecture (`peer_matches`)
-    the peer holds our weights and the result also carries the largest logit gap between the two.
+    vocabularies are the config's), on `device` ("cpu", "gpu:0") at `precision` (a bench name:
+    highest, tf32, bf16). When the config is the peer's architecture (`peer_matches`) the peer
+    holds our weights and the result also carries the largest logit gap between the two.
     """
     c = config
+    dtype, mode = bench_setting(precision)
+    jdtype = jnp.dtype(dtype)
+    target = jax_device(device)
     src, tgt_in = ragged_batch(c, batch, src_len, tgt_len, seed=0)
     has_source = (src != c.pad_id).any(axis=1)  # rows whose encoder sees at least one token
-    src, tgt_in = jnp.asarray(src, jnp.int32), jnp.asarray(tgt_in, jnp.int32)
+    src, tgt_in = jax.device_put((src.astype(np.int32), tgt_in.astype(np.int32)), target)
 
     weights = init_weights(c, seed=0, scheme="perturbed", dtype="float32")
-    ours = from_canonical(c, weights, "float32")
-    ours.eval()
+    model = get_backend("jax").build(c, weights, dtype=dtype, device=device, precision=mode)
+    ours = model.module
     same_function = peer_matches(c)
-    peer = peer_from_canonical(c, export_canonical(ours)) if same_function else Peer(c, nnx.Rngs(0))
+    with jax.default_device(target):
+        peer = (
+            peer_from_canonical(c, model.export(), jdtype)
+            if same_function
+            else Peer(c, nnx.Rngs(0), jdtype)
+        )
+        n = matmul_size(device, dtype)
+        a = jax.random.normal(jax.random.key(0), (n, n), jdtype)
 
     fused = jitted(ours, src, tgt_in)
     explicit = jitted(ours, src, tgt_in, return_attention=True)
     peer_run = jitted(peer, src, tgt_in)
-    a = jax.random.normal(jax.random.key(0), (MATMUL_N, MATMUL_N), jnp.float32)
     matmul = jax.jit(jnp.matmul)
 
-    # The peer computes the same function, up to float32 summation order, except on rows whose
-    # source is all padding, where Flax's attention averages every value and ours gives 0.
-    gap = None
-    if same_function and has_source.any():
-        rows = np.flatnonzero(has_source)
-        gap = float(jnp.max(jnp.abs(fused()["logits"][rows] - peer_run()[rows])))
+    with matmul_precision(mode):
+        # The peer computes the same function, up to summation order, except on rows whose
+        # source is all padding, where Flax's attention averages every value and ours gives 0.
+        gap = None
+        if same_function and has_source.any():
+            rows = np.flatnonzero(has_source)
+            ours_logits = fused()["logits"][rows].astype(jnp.float32)
+            gap = float(jnp.max(jnp.abs(ours_logits - peer_run()[rows].astype(jnp.float32))))
 
-    times = alternate(
-        "jax",
-        {
-            "ours": fused,
-            "ours_attention": explicit,
-            "peer": peer_run,
-            "matmul": lambda: matmul(a, a).block_until_ready(),
-        },
-        repeats,
-        WARMUP,
-        progress,
-    )
+        times = alternate(
+            "jax",
+            {
+                "ours": fused,
+                "ours_attention": explicit,
+                "peer": peer_run,
+                "matmul": lambda: matmul(a, a).block_until_ready(),
+            },
+            repeats,
+            WARMUP,
+            progress,
+        )
     return summarise(
         framework="jax",
         version=f"jax {jax.__version__}, flax {flax.__version__}",
@@ -256,7 +290,10 @@ def measure(
         src_len=src_len,
         tgt_len=tgt_len,
         repeats=repeats,
-        workload={"jax_device": str(jax.devices()[0]), "compiler": "jax.jit"},
+        device=device,
+        precision=precision,
+        matmul_n=matmul_size(device, dtype),
+        workload={"jax_device": str(target), "compiler": "jax.jit"},
         extra={"max_abs_logit_gap_vs_peer": gap},
     )
 

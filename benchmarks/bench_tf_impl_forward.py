@@ -1,16 +1,19 @@
 """Forward speed of tf_impl against a peer built from stock Keras layers, both XLA-compiled.
 
-`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config and
-workload; `main()` runs the issues' one: the base model with a 32000-token vocabulary, batch 8,
-source and target length 128 with ragged padding. Always float32, eval mode, on the CPU.
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config,
+workload, device and precision; `main()` runs the issues' workload: the base model with a
+32000-token vocabulary, batch 8, source and target length 128 with ragged padding, eval mode.
+Everything runs in one dtype inside tf.device(device) and tf_impl.model.matmul_precision.
 Contenders, timed in alternation:
 - ours, fused attention (keras.ops.dot_product_attention), no attention maps returned;
 - ours, explicit attention, returning every probability map;
 - the peer: the same post-norm encoder-decoder assembled from keras.layers.MultiHeadAttention,
   Dense, LayerNormalization and Embedding, with the same masks and tied embeddings;
-- a 2048 x 2048 float32 matmul, the machine's ceiling in this framework.
+- an n x n matmul (harness.matmul_size), the device's ceiling in this framework.
 
-    python -m benchmarks.bench_tf_impl_forward [--repeats N] [--json]
+Each ends by reading one element back (.numpy()), which blocks until the whole result exists.
+
+    python -m benchmarks.bench_tf_impl_forward [--repeats N] [--device D] [--precision P] [--json]
 """
 
 from __future__ import annotations
@@ -26,12 +29,20 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
-from benchmarks.suite import MATMUL_N, alternate, module_main, summarise  # noqa: E402
+from benchmarks.harness import matmul_size  # noqa: E402
+from benchmarks.suite import alternate, module_main, summarise  # noqa: E402
+from common.adapter.backends import get_backend  # noqa: E402
 from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.inputs import ragged_batch  # noqa: E402
+from common.spec.precision import bench_setting  # noqa: E402
 from common.weights.init import init_weights  # noqa: E402
-from tf_impl.model import decoder_self_mask, key_padding_mask, sinusoidal_positions  # noqa: E402
-from tf_impl.weights import load_canonical, new_model  # noqa: E402
+from tf_impl.backend import tf_device  # noqa: E402
+from tf_impl.model import (  # noqa: E402
+    decoder_self_mask,
+    key_padding_mask,
+    matmul_precision,
+    sinusoidal_positions,
+)
 
 WARMUP = 2
 
@@ -39,12 +50,12 @@ WARMUP = 2
 class PeerEncoderLayer(layers.Layer):
     def __init__(self, c: TransformerConfig, **kwargs) -> None:
         super().__init__(**kwargs)
-        eps = c.layer_norm_eps
-        self.attention = layers.MultiHeadAttention(c.num_heads, c.head_dim)
-        self.attention_norm = layers.LayerNormalization(epsilon=eps)
-        self.intermediate = layers.Dense(c.d_ff, activation="relu")
-        self.output_dense = layers.Dense(c.d_model)
-        self.feed_forward_norm = layers.LayerNormalization(epsilon=eps)
+        eps, policy = c.layer_norm_eps, self.dtype_policy
+        self.attention = layers.MultiHeadAttention(c.num_heads, c.head_dim, dtype=policy)
+        self.attention_norm = layers.LayerNormalization(epsilon=eps, dtype=policy)
+        self.intermediate = layers.Dense(c.d_ff, activation="relu", dtype=policy)
+        self.output_dense = layers.Dense(c.d_model, dtype=policy)
+        self.feed_forward_norm = layers.LayerNormalization(epsilon=eps, dtype=policy)
 
     def call(self, x, mask):
         x = self.attention_norm(x + self.attention(x, x, attention_mask=mask))
@@ -54,14 +65,14 @@ class PeerEncoderLayer(layers.Layer):
 class PeerDecoderLayer(layers.Layer):
     def __init__(self, c: TransformerConfig, **kwargs) -> None:
         super().__init__(**kwargs)
-        eps = c.layer_norm_eps
-        self.self_attention = layers.MultiHeadAttention(c.num_heads, c.head_dim)
-        self.self_attention_norm = layers.LayerNormalization(epsilon=eps)
-        self.cross_attention = layers.MultiHeadAttention(c.num_heads, c.head_dim)
-        self.cross_attention_norm = layers.LayerNormalization(epsilon=eps)
-        self.intermediate = layers.Dense(c.d_ff, activation="relu")
-        self.output_dense = layers.Dense(c.d_model)
-        self.feed_forward_norm = layers.LayerNormalization(epsilon=eps)
+        eps, policy = c.layer_norm_eps, self.dtype_policy
+        self.self_attention = layers.MultiHeadAttention(c.num_heads, c.head_dim, dtype=policy)
+        self.self_attention_norm = layers.LayerNormalization(epsilon=eps, dtype=policy)
+        self.cross_attention = layers.MultiHeadAttention(c.num_heads, c.head_dim, dtype=policy)
+        self.cross_attention_norm = layers.LayerNormalization(epsilon=eps, dtype=policy)
+        self.intermediate = layers.Dense(c.d_ff, activation="relu", dtype=policy)
+        self.output_dense = layers.Dense(c.d_model, dtype=policy)
+        self.feed_forward_norm = layers.LayerNormalization(epsilon=eps, dtype=policy)
 
     def call(self, x, memory, self_mask, memory_mask):
         x = self.self_attention_norm(x + self.self_attention(x, x, attention_mask=self_mask))
@@ -73,24 +84,33 @@ class PeerDecoderLayer(layers.Layer):
 
 class PeerTransformer(keras.Model):
     """The base Transformer from stock Keras layers (post-norm; embeddings shared and tied as the
-    config says, as in the paper by default)."""
+    config says, as in the paper by default). `dtype` (a Keras dtype policy, "bfloat16" say)
+    reaches every layer, the Keras way: each sublayer is given its parent's policy."""
 
     def __init__(self, c: TransformerConfig, **kwargs) -> None:
         super().__init__(**kwargs)
         self.c = c
-        self.embedding = layers.Embedding(c.src_vocab_size, c.d_model)
+        policy = self.dtype_policy
+        self.embedding = layers.Embedding(c.src_vocab_size, c.d_model, dtype=policy)
         # The paper shares one table and ties the output to it (section 3.4); a config that does
         # not gets its own target table and output Dense, so that any config's vocabularies run.
         self.tgt_embedding = (
-            None if c.share_embeddings else layers.Embedding(c.tgt_vocab_size, c.d_model)
+            None
+            if c.share_embeddings
+            else layers.Embedding(c.tgt_vocab_size, c.d_model, dtype=policy)
         )
-        self.output_dense = None if c.tie_output else layers.Dense(c.tgt_vocab_size)
-        self.encoder_layers = [PeerEncoderLayer(c) for _ in range(c.num_encoder_layers)]
-        self.decoder_layers = [PeerDecoderLayer(c) for _ in range(c.num_decoder_layers)]
+        self.output_dense = None if c.tie_output else layers.Dense(c.tgt_vocab_size, dtype=policy)
+        self.encoder_layers = [
+            PeerEncoderLayer(c, dtype=policy) for _ in range(c.num_encoder_layers)
+        ]
+        self.decoder_layers = [
+            PeerDecoderLayer(c, dtype=policy) for _ in range(c.num_decoder_layers)
+        ]
 
     def embed(self, table, ids):
         length = ids.shape[1]
         positions = sinusoidal_positions(length, self.c.d_model, self.c.sinusoid_layout, "float32")
+        positions = ops.cast(positions, self.compute_dtype)
         return table(ids) * math.sqrt(self.c.d_model) + positions[None]
 
     def call(self, src, tgt_in):
@@ -109,7 +129,7 @@ class PeerTransformer(keras.Model):
             y = layer(y, memory, self_mask, memory_mask)
         if self.output_dense is not None:
             return self.output_dense(y)
-        return ops.matmul(y, ops.transpose(tgt_table.embeddings))
+        return ops.matmul(y, ops.transpose(ops.cast(tgt_table.embeddings, y.dtype)))
 
 
 PEER = (
@@ -120,7 +140,6 @@ LABELS = {
     "ours": "ours (fused attention)",
     "ours_attention": "ours (explicit, attention maps out)",
     "peer": "peer (keras.layers.MultiHeadAttention)",
-    "matmul": f"matmul {MATMUL_N}x{MATMUL_N} float32",
 }
 
 
@@ -131,21 +150,29 @@ def measure(
     tgt_len: int,
     repeats: int,
     progress: Callable[[str], None] | None = None,
+    *,
+    device: str = "cpu",
+    precision: str = "highest",
 ) -> dict:
     """Median forward times of ours, ours with attention maps, the peer and the matmul, in one run.
 
     The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
-    vocabularies are the config's); every contender is one XLA program on the CPU.
+    vocabularies are the config's); every contender is one XLA program on `device` ("cpu",
+    "gpu:0") at `precision` (a bench name: highest, tf32, bf16).
     """
+    dtype, mode = bench_setting(precision)
     src_np, tgt_np = ragged_batch(config, batch, src_len, tgt_len, seed=0)
 
-    with tf.device("/CPU:0"):
+    with tf.device(tf_device(device)), matmul_precision(mode):
         src, tgt_in = tf.constant(src_np), tf.constant(tgt_np)
-        ours = new_model(config, "float32")
-        load_canonical(ours, init_weights(config, seed=0, dtype="float32"))
-        peer = PeerTransformer(config)
-        a = tf.random.normal((MATMUL_N, MATMUL_N))
-        b = tf.random.normal((MATMUL_N, MATMUL_N))
+        model = get_backend("tf").build(
+            config, init_weights(config, seed=0), dtype=dtype, device=device, precision=mode
+        )
+        ours = model.module
+        peer = PeerTransformer(config, dtype=dtype)
+        n = matmul_size(device, dtype)
+        a = tf.cast(tf.random.normal((n, n)), dtype)
+        b = tf.cast(tf.random.normal((n, n)), dtype)
 
         # Every contender is one XLA program; each ends by reading one element back, which
         # blocks until the whole result exists.
@@ -177,6 +204,9 @@ def measure(
         src_len=src_len,
         tgt_len=tgt_len,
         repeats=repeats,
+        device=device,
+        precision=precision,
+        matmul_n=matmul_size(device, dtype),
         workload={"compiler": "XLA (jit_compile=True)"},
     )
 

@@ -2,14 +2,15 @@
 
 Each framework's module (benchmarks/bench_<framework>_impl_forward.py) exposes
 
-    measure(config, batch, src_len, tgt_len, repeats, progress) -> dict
+    measure(config, batch, src_len, tgt_len, repeats, progress, *, device, precision) -> dict
 
-which times, in alternation and in one run, four contenders: ours without attention outputs (the
-fused kernel), ours returning every attention map, the framework's named peer built from its own
-stock layers, and a 2048 x 2048 float32 matmul standing for the machine's ceiling. `run_bench`
-runs the requested frameworks one after another (never at once: they would share the cores) and
-`format_bench` prints the medians, the ratio to the peer against the 1.15 target, and GFLOP/s as a
-fraction of the matmul ceiling.
+which times, in alternation and in one run, four contenders on one device and at one precision
+(harness.PRECISION_HELP): ours without attention outputs (the fused kernel), ours returning every
+attention map, the framework's named peer built from its own stock layers, and an n x n matmul
+standing for that device's ceiling at that precision (n = harness.matmul_size: 2048 on a CPU,
+1024 for bfloat16 there, 8192 on a GPU). `run_bench` runs the requested frameworks one after another (never at once: they
+would share the cores) and `format_bench` prints the medians, the ratio to the peer against the
+1.15 target, and TFLOP/s as a fraction of the matmul ceiling.
 
 This module imports no deep-learning framework: each bench module is imported only when its
 framework runs, so that `rosetta --help` and the other commands stay fast.
@@ -17,29 +18,34 @@ framework runs, so that `rosetta --help` and the other commands stay fast.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import importlib
-import json
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from benchmarks.harness import (
     BASE_WORKLOAD,
+    add_device_arguments,
     base_benchmark_config,
+    device_name,
+    dump,
     forward_flops,
     matmul_flops,
+    parser,
+    plan_devices,
+    precision_setting,
     time_side_by_side,
+    to_stderr,
 )
-from common.adapter.backends import unavailable_reason
+from common.app.cli.args import repeats_int
+from common.errors import RosettaError
 from common.spec.config import TransformerConfig
 
 Progress = Callable[[str], None]
 
 # The issues' target: our forward without attention outputs takes at most 1.15x the peer's time.
 TARGET = 1.15
-MATMUL_N = 2048  # the ceiling's matmul: big enough to reach the BLAS peak on a CPU
 BENCH_FRAMEWORKS = ("torch", "tf", "jax")
 CONTENDERS = ("ours", "ours_attention", "peer", "matmul")
 MODULES = {name: f"benchmarks.bench_{name}_impl_forward" for name in BENCH_FRAMEWORKS}
@@ -77,6 +83,19 @@ def alternate(
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
+def under(
+    context: Callable[[], contextlib.AbstractContextManager], fn: Callable[[], object]
+) -> Callable[[], object]:
+    """`fn` run inside a fresh `context()` at every call: a contender under its framework's
+    matmul_precision, when contenders of several frameworks alternate in one loop."""
+
+    def run() -> object:
+        with context():
+            return fn()
+
+    return run
+
+
 def summarise(
     *,
     framework: str,
@@ -89,27 +108,41 @@ def summarise(
     src_len: int,
     tgt_len: int,
     repeats: int,
+    device: str,
+    precision: str,
+    matmul_n: int,
     workload: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The result dict every bench module returns, from the four medians (keys: CONTENDERS)."""
+    """The result dict every bench module returns, from the four medians (keys: CONTENDERS).
+
+    `labels` names ours, ours_attention and the peer; the matmul's label is made here. `device`
+    is the framework's own name for it ("cuda:0", "gpu:0", "cpu"), `precision` a bench name,
+    `matmul_n` the size of the ceiling's matmul (harness.matmul_size).
+    """
+    setting = precision_setting(precision)
+    n = matmul_n
     flop = forward_flops(config, batch, src_len, tgt_len)
-    gflops = {name: flop / times[name] / 1e9 for name in ("ours", "ours_attention", "peer")}
-    gflops["matmul"] = matmul_flops(MATMUL_N) / times["matmul"] / 1e9
+    flops = {name: flop / times[name] for name in ("ours", "ours_attention", "peer")}
+    flops["matmul"] = matmul_flops(n) / times["matmul"]
     ratio = times["ours"] / times["peer"]
     return {
         "framework": framework,
         "version": version,
         "peer": peer,
-        "contenders": dict(labels),
+        "device": device,
+        "device_name": device_name(framework, device),
+        **setting,
+        "contenders": {**labels, "matmul": f"matmul {n}x{n} {setting['dtype']}"},
         "median_s": {name: float(times[name]) for name in CONTENDERS},
         "ratio": ratio,
         "ratio_attention": times["ours_attention"] / times["peer"],
         "target": TARGET,
         "target_met": ratio <= TARGET,
         "forward_gflop": flop / 1e9,
-        "gflops": gflops,
-        "fraction_of_matmul": {name: g / gflops["matmul"] for name, g in gflops.items()},
+        "gflops": {name: f / 1e9 for name, f in flops.items()},
+        "tflops": {name: f / 1e12 for name, f in flops.items()},
+        "fraction_of_matmul": {name: f / flops["matmul"] for name, f in flops.items()},
         "workload": {
             "batch": batch,
             "src_len": src_len,
@@ -120,11 +153,11 @@ def summarise(
             "heads": config.num_heads,
             "d_ff": config.d_ff,
             "layers": [config.num_encoder_layers, config.num_decoder_layers],
-            "dtype": "float32",
-            "device": "cpu",
+            **setting,
+            "device": device,
             "padding": "ragged",
             "repeats": repeats,
-            "matmul_n": MATMUL_N,
+            "matmul_n": n,
             **(workload or {}),
         },
         **(extra or {}),
@@ -139,28 +172,50 @@ def run_bench(
     tgt_len: int,
     repeats: int,
     progress: Progress | None = None,
+    *,
+    device: str = "auto",
+    precision: str = "highest",
 ) -> dict[str, Any]:
     """Each requested framework's `measure()`, one after another; the unavailable ones skipped.
 
-    Returns {"results": {framework: measure()'s dict}, "skipped": {framework: reason},
-    "target": 1.15}. A framework is skipped, with the reason, when common.adapter.backends says it cannot
-    run here, or when it has no forward benchmark (the NumPy oracle has no peer).
+    `device` is a request (harness.DEVICE_HELP), resolved for every framework before any model
+    is built: one that no framework sees raises UsageError. Returns {"results": {framework:
+    measure()'s dict}, "skipped": {framework: reason}, "target": 1.15, "precision", "dtype",
+    "matmul_precision"}. A framework is skipped, with the reason, when it cannot run here, does
+    not see the device, or has no forward benchmark (the NumPy oracle has no peer).
     """
     say = progress or _silent
+    wanted = list(dict.fromkeys(frameworks))  # keep the order, drop repeats
+    devices, skipped = plan_devices([n for n in wanted if n in MODULES], device)
+    for name in wanted:
+        if name not in MODULES:
+            skipped[name] = (
+                "no forward benchmark (only torch, tf and jax have a peer to time against)"
+            )
     results: dict[str, dict[str, Any]] = {}
-    skipped: dict[str, str] = {}
-    for name in dict.fromkeys(frameworks):  # keep the order, drop repeats
-        reason = unavailable_reason(name)
-        if reason is None and name not in MODULES:
-            reason = "no forward benchmark (only torch, tf and jax have a peer to time against)"
-        if reason is not None:
-            skipped[name] = reason
-            say(f"{name}: skipped ({reason})")
+    for name in wanted:
+        if name in skipped:
+            say(f"{name}: skipped ({skipped[name]})")
             continue
-        say(f"{name}: building ours, the peer and the matmul")
+        say(f"{name}: building ours, the peer and the matmul on {devices[name]}")
         module = importlib.import_module(MODULES[name])
-        results[name] = module.measure(config, batch, src_len, tgt_len, repeats, progress)
-    return {"results": results, "skipped": skipped, "target": TARGET}
+        results[name] = module.measure(
+            config,
+            batch,
+            src_len,
+            tgt_len,
+            repeats,
+            progress,
+            device=devices[name],
+            precision=precision,
+        )
+    skipped = {name: skipped[name] for name in wanted if name in skipped}
+    return {
+        "results": results,
+        "skipped": skipped,
+        "target": TARGET,
+        **precision_setting(precision),
+    }
 
 
 def format_bench(result: Mapping[str, Any]) -> str:
@@ -171,13 +226,13 @@ def format_bench(result: Mapping[str, Any]) -> str:
         w = next(iter(results.values()))["workload"]
         lines.append(
             f"workload: batch {w['batch']}, src/tgt {w['src_len']}/{w['tgt_len']} ragged, "
-            f"{w['dtype']}, {w['device']}; d_model {w['d_model']}, h {w['heads']}, "
+            f"{w['dtype']} (precision {w['precision']}); d_model {w['d_model']}, h {w['heads']}, "
             f"d_ff {w['d_ff']}, layers {w['layers'][0]}+{w['layers'][1]}, "
             f"vocab {w['src_vocab']}/{w['tgt_vocab']}; median of {w['repeats']}"
         )
     for name, r in results.items():
         lines.append("")
-        lines.append(f"{name}: {r['version']}")
+        lines.append(f"{name}: {r['version']} on {r['device']} ({r['device_name']})")
         lines.append(f"  peer: {r['peer']}")
         labels = r["contenders"]
         for key in CONTENDERS:
@@ -185,7 +240,8 @@ def format_bench(result: Mapping[str, Any]) -> str:
             percent = 100 * r["fraction_of_matmul"][key]
             note = "(ceiling)" if key == "matmul" else f"{percent:5.1f}% of matmul"
             lines.append(
-                f"  {labels[key]:<44s} {ms:10.2f} ms {r['gflops'][key]:9.2f} GFLOP/s  {note}"
+                f"  {labels[key]:<44s} {ms:10.3f} ms {r['tflops'][key]:9.3f} TFLOP/s "
+                f"({r['gflops'][key]:9.1f} GFLOP/s)  {note}"
             )
         verdict = "met" if r["target_met"] else "NOT met"
         lines.append(
@@ -210,19 +266,26 @@ def module_main(
     default_repeats: int,
     description: str,
 ) -> dict[str, Any]:
-    """`python -m benchmarks.bench_<framework>_impl_forward [--repeats N] [--json]` for one module.
+    """`python -m benchmarks.bench_<framework>_impl_forward [--repeats N] [--device D]
+    [--precision P] [--json]` for one module.
 
     The issues' workload (harness.base_benchmark_config(), batch 8, 128/128); progress on stderr
-    unless --json.
+    unless --json. Bad arguments, or a device the framework does not see, end the process with
+    one line on stderr and exit 2, before anything is built.
     """
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--repeats", type=int, default=default_repeats)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(None if argv is None else list(argv))
-
-    def to_stderr(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    prog = f"python -m benchmarks.bench_{framework}_impl_forward"
+    p = parser(prog, description)
+    p.add_argument("--repeats", type=repeats_int, default=default_repeats)
+    add_device_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    try:
+        args = p.parse_args(None if argv is None else list(argv))
+        devices, skipped = plan_devices([framework], args.device)
+        if framework not in devices:
+            raise RosettaError(skipped[framework])
+    except RosettaError as exc:
+        to_stderr(f"{prog}: error: {exc}")
+        raise SystemExit(2) from None
     result = measure(
         base_benchmark_config(),
         BASE_WORKLOAD["batch"],
@@ -230,9 +293,11 @@ def module_main(
         BASE_WORKLOAD["tgt_len"],
         args.repeats,
         None if args.json else to_stderr,
+        device=devices[framework],
+        precision=args.precision,
     )
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(dump(result))
     else:
         print(format_bench({"results": {framework: result}, "skipped": {}}))
     return result

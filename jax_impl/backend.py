@@ -17,10 +17,11 @@ from common.spec.config import TransformerConfig
 from common.spec.dtypes import COMPUTE_DTYPES
 from common.spec.inputs import check_inputs
 from common.spec.masks import shift_right
+from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput, LossOutput
 from common.weights.format import check_tensors
 from jax_impl import decode, train
-from jax_impl.model import Transformer
+from jax_impl.model import Transformer, matmul_precision
 from jax_impl.weights import (
     export_canonical,
     from_canonical,
@@ -74,82 +75,101 @@ def _to_device(model: Transformer, device: jax.Device) -> Transformer:
 
 class FlaxStepper:
     """common.decoding.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
-    the module split once into (graphdef, state), and the cache (uncached: the prefix, on the
-    host, with the memory)."""
+    the module split once into (graphdef, state), the compiled step for that graphdef, and the
+    cache (uncached: the prefix, on the host, with the memory).
+
+    Per step, only arrays go to the compiled step: its graphdef is closed over (decode.py says
+    why) and the state is a pure dict of arrays, taken once here."""
 
     def __init__(
         self, model: FlaxModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
     ) -> None:
         self.model, self.max_steps, self.cached = model, max_steps, cached
         self.steps, self.rows = 0, src.shape[0] * beams
+        self.vocab = model.config.tgt_vocab_size
         with model._scope():
-            self.graphdef, self.state = nnx.split(model.module)
+            graphdef, state = nnx.split(model.module)
+            self.state = nnx.to_pure_dict(state)
             src_j = jax.device_put(src.astype(np.int32), model._device)
             if cached:
-                self.cache = decode.init_cache_compiled(
-                    self.graphdef, self.state, src_j, beams=beams, max_steps=max_steps
-                )
+                init_cache = decode.init_cache_compiled(graphdef)
+                self.cache = init_cache(self.state, src_j, beams=beams, max_steps=max_steps)
+                self._step = decode.decode_step_compiled(graphdef)
             else:
-                memory, src_rows = decode.encode_rows_compiled(
-                    self.graphdef, self.state, src_j, beams
-                )
+                memory, src_rows = decode.encode_rows_compiled(graphdef)(self.state, src_j, beams)
                 self.memory_rows = {"memory": memory, "src": src_rows}  # what reorder gathers
                 self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
+                self._step = decode.prefix_step_compiled(graphdef)
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
+    def _logits(self, tokens: np.ndarray) -> jax.Array:
+        """One step's logits (N, V), left on the device."""
         check_step_budget(self.steps, self.max_steps)
-        vocab = self.model.config.tgt_vocab_size
-        tokens = check_row_ids(tokens, "tokens", self.rows, vocab).astype(np.int32)  # (N,)
+        tokens = check_row_ids(tokens, "tokens", self.rows, self.vocab).astype(np.int32)  # (N,)
+        # The model's scope every step: jax.jit keys its cache on x64 and the matmul precision.
+        # The ids go in as numpy, no jax.device_put (a quarter of a tiny model's step on a CPU):
+        # jax.jit moves an uncommitted input to the device its committed ones (state, cache) are on.
         with self.model._scope():
             if self.cached:
-                logits, self.cache = decode.decode_step_compiled(
-                    self.graphdef,
-                    self.state,
-                    jax.device_put(tokens, self.model._device),
-                    self.cache,
-                )
+                logits, self.cache = self._step(self.state, tokens, self.cache)
             else:
                 self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)  # (N, t)
-                prefix = jax.device_put(self.prefix, self.model._device)
-                logits = decode.prefix_step_compiled(
-                    self.graphdef,
-                    self.state,
-                    prefix,
-                    self.memory_rows["memory"],
-                    self.memory_rows["src"],
+                memory_rows = self.memory_rows
+                logits = self._step(
+                    self.state, self.prefix, memory_rows["memory"], memory_rows["src"]
                 )
-            self.steps += 1
-            return to_numpy(logits)
+        self.steps += 1
+        return logits
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return to_numpy(self._logits(tokens))
+
+    def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        logits = self._logits(tokens)
+        with self.model._scope():
+            values, ids = decode.top_k_log_probs_compiled(logits, k)
+        return to_numpy(values), np.asarray(ids, dtype=np.int64)
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = check_row_ids(rows, "rows", self.rows, self.rows)
+        rows = rows.astype(np.int32)  # numpy into jax.jit, as in step
         with self.model._scope():
-            rows_j = jax.device_put(rows.astype(np.int32), self.model._device)
             if self.cached:
-                self.cache = decode.reorder_cache_compiled(self.cache, rows_j)
+                self.cache = decode.reorder_cache_compiled(self.cache, rows)
             else:
-                self.memory_rows = decode.reorder_cache_compiled(self.memory_rows, rows_j)
+                self.memory_rows = decode.reorder_cache_compiled(self.memory_rows, rows)
                 self.prefix = self.prefix[rows]
 
 
 class FlaxModel:
     """A Transformer module in eval mode, on one device, in one dtype."""
 
-    def __init__(self, config: TransformerConfig, module: Transformer, dtype: str, device: str):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        module: Transformer,
+        dtype: str,
+        device: str,
+        precision: str = DEFAULT_PRECISION,
+    ):
         self.config = config
         self.module = module
         self.dtype = dtype
         self.device = device
+        self.precision = precision  # every call runs under matmul_precision(precision)
         self._device = jax_device(device)
-        # Adam's moments and the step count live as long as the model (train_steps), made on
-        # the first step; the (warmup, factor) its schedule was made for.
-        self._optimizer: nnx.Optimizer | None = None
+        # The training state (train.py's functional loop), made on first use and kept for the
+        # model's lifetime: the module split once in training mode, Adam's moments and step
+        # counts (made on the first step) and the (warmup, factor) its schedule was made for.
+        self._training: train._Split | None = None
+        self._optimizer: train._Adam | None = None
         self._schedule: tuple[int, float] | None = None
 
     @contextlib.contextmanager
     def _scope(self):  # noqa: ANN202
-        # x64 for float64 models only; full-precision float32 matmuls (no TF32 on a GPU).
-        with x64_scope(self.dtype), jax.default_matmul_precision("highest"):
+        # x64 for float64 models only; float32 products in the model's precision (JAX's own
+        # default on a GPU would be TF32).
+        with x64_scope(self.dtype), matmul_precision(self.precision):
             yield
 
     def export(self) -> dict[str, np.ndarray]:
@@ -192,13 +212,10 @@ class FlaxModel:
 
     def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
         with self._scope():
-            self.module.train()  # dropout as the config says
-            try:
-                loss, accuracy, tokens, grads = train.loss_and_grads(
-                    self.module, *self._batch(src, tgt)
-                )
-            finally:
-                self.module.eval()
+            if self._training is None:  # dropout as the config says, in the split only
+                self._training = train._split_for_training(self.module)
+            batch = self._batch(src, tgt)
+            loss, accuracy, tokens, grads = train.loss_and_grads(self._training, *batch)
             return LossOutput(
                 loss=float(loss),
                 accuracy=float(accuracy),
@@ -211,18 +228,24 @@ class FlaxModel:
     ) -> list[float]:
         losses = []
         with self._scope():
+            if self._training is None:  # dropout as the config says, in the split only
+                self._training = train._split_for_training(self.module)
             if self._schedule != (warmup, factor):
                 self._optimizer = train.make_optimizer(
-                    self.module, warmup, factor, device=self._device, previous=self._optimizer
+                    self._training, warmup, factor, device=self._device, previous=self._optimizer
                 )
                 self._schedule = (warmup, factor)
-            self.module.train()
             try:
                 for src, tgt in batches:
-                    loss = train.train_step(self.module, self._optimizer, *self._batch(src, tgt))
+                    batch = self._batch(src, tgt)  # an InputError here leaves the steps so far
+                    loss, self._training, self._optimizer = train.train_step(
+                        self._training, self._optimizer, *batch
+                    )
                     losses.append(loss)
             finally:
-                self.module.eval()
+                # The steps donated the arrays the module held: it takes the new params (read by
+                # forward, export and stepper). The dropout RNG state stays in self._training.
+                train._write_back(self._training)
             # One transfer at the end: the steps queue on the device without waiting for the host.
             return [float(x) for x in losses]
 
@@ -249,13 +272,14 @@ class FlaxBackend:
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        precision: str = DEFAULT_PRECISION,
     ) -> FlaxModel:
-        check_build_request(self, dtype, device)
+        check_build_request(self, dtype, device, precision)
         target = jax_device(device)
         with x64_scope(dtype):
             module = _to_device(from_canonical(config, weights, dtype), target)
         module.eval()  # deterministic dropout
-        return FlaxModel(config, module, dtype, device)
+        return FlaxModel(config, module, dtype, device, precision)
 
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]

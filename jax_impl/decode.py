@@ -22,13 +22,14 @@ N = B * beams: row r decodes source row r // beams (repeat_interleave).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_impl.model import Transformer, key_padding_mask
+from jax_impl.model import Transformer, key_padding_mask, statistics_dtype
 
 # idiom: a pytree of immutable arrays (torch's is a dataclass of in-place buffers)
 Cache = dict[str, Any]
@@ -119,42 +120,84 @@ def prefix_step(
     return logits[:, -1]
 
 
-# Compiled versions, over the module split once by the caller (nnx.split): (graphdef, state).
-# jax.jit keys its cache on the graphdef (static: config, dtype, structure) and on the arrays'
-# shapes, so decode_step compiles once per (model kind, N, max_steps, S) and every position
-# reuses it (index is an array, not a Python int). Not nnx.jit: it walks the module's graph on
-# every call, which costs 7 ms a step for the tiny model against 0.3 ms this way (CPU, measured);
-# a step is called hundreds of times on one unchanged module, so the split is done once.
-# The uncached baseline compiles once per prefix length (its shape grows every step), which is
-# still cheaper than eager JAX, whose op-by-op dispatch also compiles every primitive per shape.
+# Compiled versions, over the module split once by the caller (nnx.split) into its graphdef
+# (static: config, dtype, structure) and its state, a pure dict of arrays (nnx.to_pure_dict: jax.jit
+# flattens a dict in C++, an nnx.State of Variables with a Python call per node). Not nnx.jit: it
+# walks the module's graph on every call, and a step is called hundreds of times on one
+# unchanged module (the Flax "Performance considerations" guide).
+#
+# Each function below returns the jax.jit function for one graphdef, with the graphdef closed over
+# rather than passed as a static argument: jax.jit hashes its static arguments on every call, and
+# nnx.GraphDef's hash walks every node of the graph, which on a CPU cost more than the tiny model's
+# whole cached step. Cached per graphdef (equal for two models of one config and dtype), so each
+# (model kind, N, max_steps, S) compiles once and every position reuses it (index is an array, not
+# a Python int); the caller looks them up once per stepper and holds on to them. The uncached
+# baseline compiles once per prefix length (its shape grows every step), which is still cheaper
+# than eager JAX, whose op-by-op dispatch also compiles every primitive per shape.
+
+# The `state` the functions below take: nnx.to_pure_dict(nnx.split(module)[1]).
+_State = dict[str, Any]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "beams"))
+@functools.lru_cache(maxsize=16)
 def encode_rows_compiled(  # idiom: jax.jit over the module split once (see above)
-    graphdef: nnx.GraphDef, state: nnx.State, src: jax.Array, beams: int
-) -> tuple[jax.Array, jax.Array]:
-    return encode_rows(nnx.merge(graphdef, state), src, beams)
+    graphdef: nnx.GraphDef,
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """(state, src, beams) -> encode_rows of the module, beams static."""
+
+    def run(state: _State, src: jax.Array, beams: int) -> tuple[jax.Array, jax.Array]:
+        return encode_rows(nnx.merge(graphdef, state), src, beams)
+
+    return jax.jit(run, static_argnames=("beams",))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "beams", "max_steps"))
+@functools.lru_cache(maxsize=16)
 def init_cache_compiled(  # idiom: jax.jit over the module split once (see above)
-    graphdef: nnx.GraphDef, state: nnx.State, src: jax.Array, beams: int, max_steps: int
-) -> Cache:
-    return init_cache(nnx.merge(graphdef, state), src, beams, max_steps)
+    graphdef: nnx.GraphDef,
+) -> Callable[..., Cache]:
+    """(state, src, beams, max_steps) -> init_cache of the module, beams and max_steps static."""
+
+    def run(state: _State, src: jax.Array, beams: int, max_steps: int) -> Cache:
+        return init_cache(nnx.merge(graphdef, state), src, beams, max_steps)
+
+    return jax.jit(run, static_argnames=("beams", "max_steps"))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
+@functools.lru_cache(maxsize=16)
 def decode_step_compiled(  # idiom: jax.jit over the module split once (see above)
-    graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, cache: Cache
-) -> tuple[jax.Array, Cache]:
-    return decode_step(nnx.merge(graphdef, state), tokens, cache)
+    graphdef: nnx.GraphDef,
+) -> Callable[[_State, jax.Array, Cache], tuple[jax.Array, Cache]]:
+    """(state, tokens, cache) -> decode_step of the module: (logits, the cache one step on)."""
+
+    def run(state: _State, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        return decode_step(nnx.merge(graphdef, state), tokens, cache)
+
+    return jax.jit(run)
 
 
 reorder_cache_compiled = jax.jit(reorder_cache)  # idiom: jax.jit of reorder_cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
+@functools.lru_cache(maxsize=16)
 def prefix_step_compiled(  # idiom: jax.jit over the module split once (see above)
-    graphdef: nnx.GraphDef, state: nnx.State, prefix: jax.Array, memory: jax.Array, src: jax.Array
-) -> jax.Array:
-    return prefix_step(nnx.merge(graphdef, state), prefix, memory, src)
+    graphdef: nnx.GraphDef,
+) -> Callable[[_State, jax.Array, jax.Array, jax.Array], jax.Array]:
+    """(state, prefix, memory, src) -> prefix_step of the module."""
+
+    def run(state: _State, prefix: jax.Array, memory: jax.Array, src: jax.Array) -> jax.Array:
+        return prefix_step(nnx.merge(graphdef, state), prefix, memory, src)
+
+    return jax.jit(run)
+
+
+def top_k_log_probs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k best next tokens of every row of logits (N, V), on the device: their log-softmax
+    values (N, k), in float32 or wider, and ids (N, k), best first and ties to the lower id, as
+    common.decoding.search.top_log_probs specifies (jax.lax.top_k documents that order among
+    equal values)."""
+    log_probs = jax.nn.log_softmax(logits.astype(statistics_dtype(logits.dtype)), axis=-1)
+    return jax.lax.top_k(log_probs, k)
+
+
+# One compiled reduction per (shape, k): k is a static size.
+top_k_log_probs_compiled = jax.jit(top_k_log_probs, static_argnums=1)

@@ -8,6 +8,7 @@ relies on that). Masks are boolean, True = may attend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from flax import nnx
 
 from common.spec.config import TransformerConfig
 from common.spec.names import embedding_names
+from common.spec.precision import DEFAULT_PRECISION, check_precision
 
 # -- masks: small pure functions mirroring common/spec/masks.py, [B, 1, Tq, Tk] -------------------
 
@@ -72,6 +74,17 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 def statistics_dtype(dtype: jnp.dtype) -> jnp.dtype:
     """float32 or wider: softmax and LayerNorm statistics never run in bfloat16."""
     return jnp.promote_types(dtype, jnp.float32)
+
+
+# JAX's names for the modes of common/spec/precision.py.
+_JAX_PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
+
+
+def matmul_precision(precision: str = DEFAULT_PRECISION) -> contextlib.AbstractContextManager:
+    """float32 products in `precision` (common/spec/precision.py) for what runs, and what is
+    traced, inside the block. JAX's own default on a GPU is TF32, so "highest" must be asked for;
+    the setting is part of jit's cache key, so each mode compiles its own program."""
+    return jax.default_matmul_precision(_JAX_PRECISIONS[check_precision(precision)])
 
 
 # -- attention (Eq. 1) -------------------------------------------------------------------------

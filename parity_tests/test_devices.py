@@ -8,10 +8,8 @@ are skipped with "no GPU visible to <framework>", never passed silently.
 TF32 (10 explicit mantissa bits, unit roundoff 2^-11 = 4.9e-4) is what Ampere and later GPUs use
 for float32 matmuls unless told not to; it would move float32 results by ~1e-3 and break the
 1e-5 bound. docs/DESIGN.md ("Devices") turns it off everywhere. Two kinds of test hold that in place:
-- the framework flags, checked on any machine (they are process-wide settings): torch
-  `backends.cuda.matmul.allow_tf32` False and float32 matmul precision "highest"; TensorFlow
-  `tensor_float_32_execution_enabled()` False once the backend is imported; JAX's backend forward
-  running under `jax_default_matmul_precision` "highest";
+- the switch each model runs its calls under (its model.matmul_precision), read from inside a
+  forward on any machine: test_precision.py;
 - on a GPU, a 1024 x 1024 float32 matmul of standard normals, which must match the float64
   product of the same float32 numbers to 1e-5 normwise relative error. float32 accumulation gives
   3.0e-7 there and TF32-rounded operands 2.9e-4 (measured on the CPU by
@@ -158,30 +156,39 @@ def test_the_tf32_detector_has_teeth():
     assert tf32 > MATMUL_RTOL * 10, f"TF32 matmul error {tf32:.3g} would pass the check"
 
 
+# Each matmul runs under the implementation's own switch for "highest" (model.matmul_precision),
+# the one its models run every call under (test_precision.py reads it from inside a forward).
+
+
 def _torch_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import torch
 
-    c = torch.from_numpy(a).to(device) @ torch.from_numpy(b).to(device)
+    from torch_impl.model import matmul_precision
+
+    with matmul_precision("highest"):
+        c = torch.from_numpy(a).to(device) @ torch.from_numpy(b).to(device)
     return c.cpu().numpy()
 
 
 def _tf_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import tensorflow as tf
 
+    from tf_impl.model import matmul_precision
+
     kind, _, index = device.partition(":")
-    with tf.device(f"/{kind.upper()}:{index or 0}"):
+    with tf.device(f"/{kind.upper()}:{index or 0}"), matmul_precision("highest"):
         return tf.linalg.matmul(tf.constant(a), tf.constant(b)).numpy()
 
 
 def _jax_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
-    # Under the precision the backend's forward runs in (test_tf32_flags_are_off checks that it
-    # does); JAX's default on a GPU would be TF32.
+    # JAX's default on a GPU would be TF32.
     import jax
 
     from jax_impl.backend import jax_device
+    from jax_impl.model import matmul_precision
 
     target = jax_device(device)
-    with jax.default_matmul_precision("highest"):
+    with matmul_precision("highest"):
         return np.asarray(jax.numpy.matmul(jax.device_put(a, target), jax.device_put(b, target)))
 
 
@@ -205,49 +212,3 @@ def test_gpu_float32_matmul_is_not_tf32(framework):
             f"{framework} float32 matmul on {device} is off by {error:.3g} (normwise relative) "
             f"> {MATMUL_RTOL:g}: TF32 or another reduced precision is on"
         )
-
-
-def _torch_flags(monkeypatch) -> None:
-    import torch
-
-    assert torch.backends.cuda.matmul.allow_tf32 is False
-    assert torch.get_float32_matmul_precision() == "highest"
-
-
-def _tf_flags(monkeypatch) -> None:
-    import tensorflow as tf
-
-    assert tf.config.experimental.tensor_float_32_execution_enabled() is False
-
-
-def _jax_flags(monkeypatch) -> None:
-    """The precision the eager forward runs in, read inside it (the compiled forward runs in the
-    same scope, FlaxModel._scope, which also keys its cache)."""
-    import jax
-
-    import jax_impl.backend as flax_backend
-
-    seen: list[str | None] = []
-    original = flax_backend._forward
-
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        seen.append(jax.config.jax_default_matmul_precision)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(flax_backend, "_forward", spy)
-    config, weights, src, tgt_in = case_inputs(f"grid:{GRID_CONFIG}")
-    model = flax_backend.FlaxBackend().build(config, weights, dtype="float32")
-    model.forward(src, tgt_in)
-    assert seen == ["highest"], f"forward ran under matmul precision {seen}"
-
-
-FLAG_CHECKS: dict[str, Callable] = {"torch": _torch_flags, "tf": _tf_flags, "jax": _jax_flags}
-
-
-@pytest.mark.parametrize("framework", IMPLEMENTATIONS)
-def test_tf32_flags_are_off(framework, monkeypatch):
-    """Process-wide settings, so checked on any machine, GPU or not."""
-    backend_or_skip(framework)  # imports the backend, which sets its framework's flags
-    if framework not in FLAG_CHECKS:
-        pytest.skip(f"no TF32 flag check is written for {framework}")
-    FLAG_CHECKS[framework](monkeypatch)

@@ -43,5 +43,20 @@ def test_every_name_the_code_can_produce_is_documented():
 
 
 def test_a_stale_block_is_detected():
-    text = docs.DOC.read_text().replace("`[d_model, h, d_k]` | always", "`[h, d_k]` | always", 1)
-    assert docs.render(text) != text
+    """A row of the "names" block edited by hand is put back. That block comes from
+    common/spec/names.py alone, so the check runs on any machine; only the "native_names" block
+    imports every framework's weights.py (tf_impl's needs Keras on TensorFlow), so it is left out
+    when a framework is missing (test_generated_tables_are_current skips with the reason then)
+    instead of failing on the import; the edited block is checked either way."""
+    text = docs.DOC.read_text()
+    edited = text.replace("`[d_model, h, d_k]` | always", "`[h, d_k]` | always", 1)
+    assert edited != text, "the row this test edits is gone from docs/FORMAT.md"
+    missing = {n: r for n in ("torch", "tf", "jax") if (r := unavailable_reason(n))}
+    generators = dict(docs.GENERATORS)
+    if missing:
+        del generators["native_names"]
+    assert docs.render(edited, generators) != edited
+    names_only = {"names": docs.GENERATORS["names"]}
+    assert docs.render(edited, names_only) == docs.render(text, names_only), (
+        "rendering did not put the edited row back"
+    )

@@ -20,6 +20,7 @@ from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
 from common.spec.inputs import check_inputs  # noqa: E402
 from common.spec.masks import shift_right  # noqa: E402
+from common.spec.precision import DEFAULT_PRECISION  # noqa: E402
 from common.spec.results import ForwardOutput, LossOutput  # noqa: E402
 from common.weights.format import check_tensors  # noqa: E402
 from tf_impl.decode import (  # noqa: E402
@@ -28,8 +29,9 @@ from tf_impl.decode import (  # noqa: E402
     prefix_function,
     reorder_function,
     step_function,
+    top_k_log_probs,
 )
-from tf_impl.model import Transformer  # noqa: E402
+from tf_impl.model import Transformer, matmul_precision  # noqa: E402
 from tf_impl.train import (  # noqa: E402
     Adam,
     canonical_grads,
@@ -46,9 +48,6 @@ from tf_impl.weights import (  # noqa: E402
     read_native,
     write_native,
 )
-
-# Parity on a GPU needs full float32 matmuls (docs/DESIGN.md, "Devices").
-tf.config.experimental.enable_tensor_float_32_execution(False)
 
 _ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 _HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
@@ -77,7 +76,7 @@ class KerasStepper:
         self.model, self.max_steps, self.cached, self.steps = model, max_steps, cached, 0
         self.rows = src.shape[0] * beams
         fns = model.decode_functions()
-        with tf.device(tf_device(model.device)):
+        with tf.device(tf_device(model.device)), matmul_precision(model.precision):
             src_tensor = tf.constant(src)
             if cached:
                 self.cache = init_cache(model.module, src_tensor, beams, max_steps)
@@ -88,18 +87,29 @@ class KerasStepper:
                 self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
         self._step, self._reorder, self._prefix = fns["step"], fns["reorder"], fns["prefix"]
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        """Feed tokens (N,) at the next position; that position's logits (N, V)."""
+    def _logits(self, tokens: np.ndarray) -> tf.Tensor:
+        """One step's logits (N, V), left on the device."""
         check_step_budget(self.steps, self.max_steps)
         tokens = check_row_ids(tokens, "tokens", self.rows, self.model.config.tgt_vocab_size)
-        with tf.device(tf_device(self.model.device)):
+        with tf.device(tf_device(self.model.device)), matmul_precision(self.model.precision):
             if self.cached:
                 logits, self.cache = self._step(tf.constant(tokens), self.cache)
             else:
                 self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)
                 logits = self._prefix(tf.constant(self.prefix), self.memory, self.src)
         self.steps += 1
-        return to_numpy(logits)
+        return logits
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed tokens (N,) at the next position; that position's logits (N, V)."""
+        return to_numpy(self._logits(tokens))
+
+    def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        logits = self._logits(tokens)
+        with tf.device(tf_device(self.model.device)):
+            values, ids = top_k_log_probs(logits, k)
+        return to_numpy(values), to_numpy(ids).astype(np.int64)
 
     def reorder(self, rows: np.ndarray) -> None:
         """Row i continues as the old row rows[i] from now on (beam search)."""
@@ -122,11 +132,13 @@ class KerasModel:
         module: Transformer,
         dtype: str,
         device: str,
+        precision: str = DEFAULT_PRECISION,
         jit_compile: bool = False,  # idiom: XLA or not is a tf.function argument
     ) -> None:
         self.config = config
         self.dtype = dtype
         self.device = device
+        self.precision = precision  # every call runs under matmul_precision(precision)
         self.module = module
         self.jit_compile = jit_compile
         self._compiled: dict[bool, Callable] = {}
@@ -136,6 +148,14 @@ class KerasModel:
         self._loss_and_grads: Callable | None = None
         self._optimizer: Adam | None = None
         self._train_fns: dict[tuple[int, float], Callable] = {}
+        # The XLA switch of training (train_steps, and loss_and_grads, which must round as a step
+        # does), on whatever jit_compile says (that one is for the forward and decoding, whose
+        # shapes change from call to call): training repeats one batch shape thousands of times
+        # (tasks.batch_ids(width=)), and on the numbers task (2 CPU cores) XLA runs a step in
+        # ~22 ms where the graph takes ~40 ms (TensorFlow's small-matrix kernels, thousands of
+        # ops) and torch ~26 ms, for ~4 s more compile, once. Set it False before the first
+        # call to train on many shapes.
+        self.train_jit_compile = True
         # Decoding (tf_impl/decode.py): one tf.function each, made on first use, so that their
         # traces are kept across steppers.
         self._decode_fns: dict[str, Callable] | None = None
@@ -167,7 +187,7 @@ class KerasModel:
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         check_mode(KerasBackend.modes, mode)
-        with tf.device(tf_device(self.device)):
+        with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             if mode == "compiled":
                 out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
             else:
@@ -214,12 +234,18 @@ class KerasModel:
     def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
         """Label-smoothed loss over non-pad targets and its gradient for every canonical tensor
         (a tf.GradientTape in a tf.function; see tf_impl/train.py)."""
-        with tf.device(tf_device(self.device)):
+        with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             if self._loss_and_grads is None:
                 model = self.module
 
-                # idiom: one tf.function (XLA with jit_compile) per model, traced per shape
-                @tf.function(jit_compile=self.jit_compile)
+                # idiom: one tf.function per model, its trace relaxed to any shape once a second
+                # shape comes; no autograph (see train_steps). Compiled as the training step is
+                # (train_jit_compile), so that these are the gradients a step takes: XLA and the
+                # graph round differently, and Adam's first step turns even rounding noise in a
+                # zero gradient (the key bias's) into a ~lr * 1e-8 move.
+                @tf.function(
+                    jit_compile=self.train_jit_compile, autograph=False, reduce_retracing=True
+                )
                 def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
                     return loss_and_grads(model, src, tgt_in, tgt)
 
@@ -237,23 +263,33 @@ class KerasModel:
     ) -> list[float]:
         """One Adam step (eps on sqrt(v_hat), as common.oracle.training.adam_step) per (src, tgt) batch
         at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
-        taken before its update."""
+        taken before its update.
+
+        The step is one tf.function per schedule, XLA-compiled (train_jit_compile, see __init__).
+        Its trace is plain Python over config values, with no tensor-dependent control flow, so
+        autograph is off: converting the model's and Keras's code costs ~3 s per trace and
+        changes nothing. The steps are queued one after another and their losses read back
+        only at the end, so no step waits on the host."""
         key = (warmup, factor)
-        with tf.device(tf_device(self.device)):
+        with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             if self._optimizer is None:
                 self._optimizer = make_optimizer(self.module, warmup, factor)
             if key not in self._train_fns:
                 self._optimizer.learning_rate = noam_schedule(self.config.d_model, warmup, factor)
                 model, optimizer = self.module, self._optimizer
 
-                # idiom: one tf.function (XLA with jit_compile) per schedule, baked into its trace
-                @tf.function(jit_compile=self.jit_compile)
+                # idiom: one tf.function per schedule, baked into its trace (relaxed to any
+                # shape once a second shape comes); XLA per concrete shape with train_jit_compile
+                @tf.function(
+                    jit_compile=self.train_jit_compile, autograph=False, reduce_retracing=True
+                )
                 def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
                     return train_step(model, optimizer, src, tgt_in, tgt)
 
                 self._train_fns[key] = compiled
             step = self._train_fns[key]
-            return [float(step(*self._training_inputs(src, tgt))) for src, tgt in batches]
+            losses = [step(*self._training_inputs(src, tgt)) for src, tgt in batches]
+        return [float(loss) for loss in losses]
 
 
 class KerasBackend:
@@ -262,7 +298,8 @@ class KerasBackend:
     `jit_compile=True` makes "compiled" an XLA program instead, as the benchmark runs it. It is
     not the default because XLA compiles each (model, input shape, attention path) anew, ~3 s
     on a CPU for even the tiny parity configs (a graph traces in ~0.5 s); parity_tests/test_tf_impl.py
-    checks the XLA path against the oracle on its own.
+    checks the XLA path against the oracle on its own. Training steps are XLA programs either
+    way (KerasModel.train_jit_compile): one batch shape, thousands of steps, repays the compile.
     """
 
     name = "tf"
@@ -287,12 +324,13 @@ class KerasBackend:
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        precision: str = DEFAULT_PRECISION,
     ) -> KerasModel:
-        check_build_request(self, dtype, device)
+        check_build_request(self, dtype, device, precision)
         with tf.device(tf_device(device)):
             model = new_model(config, dtype)
             load_canonical(model, weights)
-        return KerasModel(config, model, dtype, device, self.jit_compile)
+        return KerasModel(config, model, dtype, device, precision, self.jit_compile)
 
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]

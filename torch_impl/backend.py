@@ -15,10 +15,11 @@ from common.errors import WeightFileError
 from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
 from common.spec.masks import shift_right
+from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput, LossOutput
 from common.weights.format import check_tensors
 from torch_impl import decode, train
-from torch_impl.model import Transformer
+from torch_impl.model import Transformer, matmul_precision
 from torch_impl.weights import (
     TORCH_DTYPES,
     export_canonical,
@@ -61,7 +62,8 @@ class TorchStepper:
         self.module, self.config = model.module, model.config
         self.max_steps, self.steps = max_steps, 0
         self.rows, self.device = src.shape[0] * beams, torch.device(model.device)
-        with torch.inference_mode():
+        self.precision = model.precision
+        with torch.inference_mode(), matmul_precision(self.precision):
             src_t = torch.from_numpy(src).to(self.device)
             if cached:
                 self.cache: decode.Cache | None = decode.init_cache(
@@ -76,17 +78,28 @@ class TorchStepper:
         """ids as an (N,) int64 tensor on the model's device, each in [0, high)."""
         return torch.from_numpy(check_row_ids(ids, name, self.rows, high)).to(self.device)
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
+    def _logits(self, tokens: np.ndarray) -> torch.Tensor:
+        """One step's logits (N, V), left on the device; call under inference_mode."""
         check_step_budget(self.steps, self.max_steps)
         tokens_t = self._row_ids(tokens, "tokens", self.config.tgt_vocab_size)
-        with torch.inference_mode():
+        with matmul_precision(self.precision):
             if self.cache is not None:
                 logits, self.cache = decode.decode_step(self.module, tokens_t, self.cache)
             else:
                 self.prefix = torch.cat([self.prefix, tokens_t[:, None]], dim=1)  # (N, t)
                 logits = decode.prefix_step(self.module, self.prefix, self.memory, self.src)
         self.steps += 1
-        return to_numpy(logits)  # (N, V): float32 for bfloat16 and float32, else float64
+        return logits
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return to_numpy(self._logits(tokens))  # (N, V): float32 or float64
+
+    def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        with torch.inference_mode():
+            values, ids = decode.top_k_log_probs(self._logits(tokens), k)
+            return to_numpy(values), ids.cpu().numpy()
 
     def reorder(self, rows: np.ndarray) -> None:
         rows_t = self._row_ids(rows, "rows", self.rows)
@@ -103,12 +116,18 @@ class TorchModel:
     """A built Transformer on one device in one dtype, always in eval mode."""
 
     def __init__(
-        self, config: TransformerConfig, module: Transformer, dtype: str, device: str
+        self,
+        config: TransformerConfig,
+        module: Transformer,
+        dtype: str,
+        device: str,
+        precision: str = DEFAULT_PRECISION,
     ) -> None:
         self.config = config
         self.module = module.eval()
         self.dtype = dtype
         self.device = device
+        self.precision = precision  # every call runs under matmul_precision(precision)
         # Training state (train.py): Adam's moments, made on the first step, and the number of
         # steps taken over the model's lifetime, which the Noam schedule counts from 1.
         self.optimizer: torch.optim.Adam | None = None
@@ -128,7 +147,7 @@ class TorchModel:
     ) -> ForwardOutput:
         check_mode(TorchBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
-        with torch.inference_mode():
+        with torch.inference_mode(), matmul_precision(self.precision):
             src_t = torch.from_numpy(src).to(self.device)
             tgt_t = torch.from_numpy(tgt_in).to(self.device)
             out = self.module(src_t, tgt_t, return_attention=attention)
@@ -162,7 +181,10 @@ class TorchModel:
         return tuple(torch.from_numpy(a).to(self.device) for a in (src, tgt_in, tgt))
 
     def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
-        loss, accuracy, tokens, grads = train.loss_and_grads(self.module, *self._batch(src, tgt))
+        with matmul_precision(self.precision):
+            loss, accuracy, tokens, grads = train.loss_and_grads(
+                self.module, *self._batch(src, tgt)
+            )
         return LossOutput(
             loss=float(loss),
             accuracy=float(accuracy),
@@ -176,19 +198,21 @@ class TorchModel:
         if self.optimizer is None:
             self.optimizer = train.make_optimizer(self.module)
         losses = []
-        for src, tgt in batches:
-            self.steps_taken += 1
-            losses.append(
-                train.train_step(
-                    self.module,
-                    self.optimizer,
-                    *self._batch(src, tgt),
-                    step=self.steps_taken,
-                    warmup=warmup,
-                    factor=factor,
+        with matmul_precision(self.precision):
+            for src, tgt in batches:
+                self.steps_taken += 1
+                losses.append(
+                    train.train_step(
+                        self.module,
+                        self.optimizer,
+                        *self._batch(src, tgt),
+                        step=self.steps_taken,
+                        warmup=warmup,
+                        factor=factor,
+                    )
                 )
-            )
-        return losses
+        # One transfer at the end: the steps queue on the device without waiting for the host.
+        return [float(loss) for loss in losses]
 
 
 class TorchBackend:
@@ -214,17 +238,15 @@ class TorchBackend:
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        precision: str = DEFAULT_PRECISION,
     ) -> TorchModel:
-        """On a GPU, parity needs full float32 matmuls (docs/DESIGN.md, "Devices"): TF32 is turned off
-        explicitly rather than trusted to torch's default, which has changed between releases."""
-        check_build_request(self, dtype, device)
-        if device.startswith("cuda"):
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            torch.set_float32_matmul_precision("highest")
+        """On a GPU, parity needs full float32 matmuls (docs/DESIGN.md, "Devices"): the model sets
+        its precision around every call (model.matmul_precision) rather than trust torch's
+        default, which has changed between releases."""
+        check_build_request(self, dtype, device, precision)
         module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
         load_canonical(module, {name: _to_torch(w) for name, w in weights.items()})
-        return TorchModel(config, module, dtype, device)
+        return TorchModel(config, module, dtype, device, precision)
 
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from torch_impl.model import LayerCache, Transformer, decoder_self_mask, key_padding_mask
+from torch_impl.model import (
+    LayerCache,
+    Transformer,
+    decoder_self_mask,
+    key_padding_mask,
+    statistics_dtype,
+)
 
 
 @dataclass
@@ -137,3 +143,16 @@ def prefix_step(model: Transformer, prefix: Tensor, memory: Tensor, src: Tensor)
         prefix, memory, decoder_self_mask(prefix, pad), key_padding_mask(src, pad)
     )  # (N, t, d)
     return model.logits(y[:, -1])
+
+
+def top_k_log_probs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k best next tokens of every row of logits (N, V), on the device: their log-softmax
+    values (N, k), in float32 or wider, and ids (N, k), best first and ties to the lower id, as
+    common.decoding.search.top_log_probs specifies. k = 1 is an argmax (torch returns the first
+    maximum); otherwise a stable sort, since torch.topk promises no order among ties."""
+    log_probs = torch.log_softmax(logits.to(statistics_dtype(logits.dtype)), dim=-1)
+    if k == 1:
+        ids = log_probs.argmax(dim=-1, keepdim=True)
+    else:
+        ids = log_probs.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    return log_probs.gather(-1, ids), ids

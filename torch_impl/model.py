@@ -8,8 +8,9 @@ scores (B, h, T_q, T_k). The state_dict keys mirror the canonical names (torch_i
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.spec.config import TransformerConfig
+from common.spec.precision import DEFAULT_PRECISION, check_precision
 
 # -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
 
@@ -76,6 +78,25 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 or wider: the dtype softmax statistics run in, even for bfloat16 inputs. (torch's
     LayerNorm kernels already keep their statistics in float32 for bfloat16, on CPU and CUDA.)"""
     return torch.promote_types(dtype, torch.float32)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
+    """float32 products in `precision` (common/spec/precision.py) while the block runs: "ieee"
+    (full float32) for "highest", TF32 tensor cores for "tf32", in matmuls and in cuDNN. torch's
+    switches are process-wide, so the previous ones are restored on exit. Only the fp32_precision
+    API is used: torch refuses to read a precision set through a mix of it and the legacy
+    allow_tf32 flags."""
+    mode = "tf32" if check_precision(precision) == "tf32" else "ieee"
+    switches = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [s.fp32_precision for s in switches]
+    for switch in switches:
+        switch.fp32_precision = mode
+    try:
+        yield
+    finally:
+        for switch, value in zip(switches, saved, strict=True):
+            switch.fp32_precision = value
 
 
 # -- attention (Eq. 1) --------------------------------------------------------------------------

@@ -135,9 +135,10 @@ def train_step(  # idiom: torch's optimiser is given each step's rate (step, war
     step: int,  # the model's lifetime step count, from 1
     warmup: int,
     factor: float = 1.0,
-) -> float:
+) -> Tensor:
     """One Adam step at the Noam rate of `step` (section 5.3, Eq. (3); step counts from 1).
-    Returns the batch's loss, taken before the update.
+    Returns the batch's loss, taken before the update, as a 0-d tensor on the model's device:
+    reading it (float) waits for the GPU, so a loop of steps reads the losses once, at its end.
 
     The rate is written into the optimiser rather than driven by LambdaLR: warmup and factor may
     then differ between calls while the step count runs on over the model's lifetime.
@@ -150,4 +151,4 @@ def train_step(  # idiom: torch's optimiser is given each step's rate (step, war
         loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    return loss.detach()

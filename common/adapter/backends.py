@@ -22,6 +22,7 @@ import numpy as np
 from common.decoding.search import Stepper
 from common.errors import BackendUnavailable
 from common.spec.config import TransformerConfig
+from common.spec.precision import DEFAULT_PRECISION, check_precision
 from common.spec.results import ForwardOutput, LossOutput
 
 
@@ -32,6 +33,7 @@ class Model(Protocol):
     config: TransformerConfig
     dtype: str  # "float32", "float64" or "bfloat16"
     device: str  # "cpu", "cuda:0", "gpu:0", ...
+    precision: str  # float32 products: "highest" or "tf32" (common/spec/precision.py)
 
     def export(self) -> dict[str, np.ndarray]:
         """Every canonical tensor, in canonical order and in the model's dtype (bit-exact)."""
@@ -123,8 +125,10 @@ class Backend(Protocol):
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        precision: str = DEFAULT_PRECISION,
     ) -> Model:
-        """A model holding `weights` (canonical names, any float dtype) cast to `dtype`."""
+        """A model holding `weights` (canonical names, any float dtype) cast to `dtype`, on
+        `device`, whose float32 products run in `precision` in every call it makes."""
         ...
 
 
@@ -155,9 +159,12 @@ class NativeCheckpoints(Protocol):
         ...
 
 
-def check_build_request(backend: Backend, dtype: str, device: str) -> None:
+def check_build_request(
+    backend: Backend, dtype: str, device: str, precision: str = DEFAULT_PRECISION
+) -> None:
     """The checks every Backend.build makes first, with one wording: a ValueError naming what
     this backend offers."""
+    check_precision(precision)
     if dtype not in backend.dtypes:
         raise ValueError(
             f"dtype: {backend.name} does not compute in {dtype!r}; it offers {', '.join(backend.dtypes)}"

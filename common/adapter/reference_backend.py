@@ -11,6 +11,7 @@ from common.oracle import reference
 from common.spec.config import TransformerConfig
 from common.spec.inputs import check_ids, check_inputs, check_length
 from common.spec.names import canonical_shapes
+from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput
 
 
@@ -41,6 +42,7 @@ class NumpyModel:
         self.config = config
         self.dtype = "float64"
         self.device = "cpu"
+        self.precision = DEFAULT_PRECISION  # float64 products: the mode has nothing to change
         self.weights = {
             name: np.array(weights[name], dtype=np.float64) for name in canonical_shapes(config)
         }
@@ -91,8 +93,9 @@ class NumpyBackend:
         *,
         dtype: str = "float64",
         device: str = "cpu",
+        precision: str = DEFAULT_PRECISION,
     ) -> NumpyModel:
-        check_build_request(self, dtype, device)
+        check_build_request(self, dtype, device, precision)
         missing = [n for n in canonical_shapes(config) if n not in weights]
         if missing:
             raise ValueError(f"missing tensors: {', '.join(missing)}")

@@ -19,6 +19,7 @@ from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason
 from common.errors import RosettaError
 from common.oracle import reference
 from common.spec.config import TransformerConfig
+from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput
 from common.spec.tolerances import atol_for
 
@@ -65,10 +66,20 @@ class ParityReport:
     skipped: dict[str, str]
     oracle: dict[str, np.ndarray]  # the float64 oracle's outputs, by the same names
     comparisons: list[Comparison] = field(default_factory=list)
+    precision: str = DEFAULT_PRECISION  # float32 products (common/spec/precision.py)
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.comparisons)
+
+    @property
+    def setting(self) -> str:
+        """The dtype, and for float32 the products' precision when it is not full: "float32 (tf32)"."""
+        return (
+            f"{self.dtype} ({self.precision})"
+            if self.dtype == "float32" and self.precision != DEFAULT_PRECISION
+            else self.dtype
+        )
 
     @property
     def quantities(self) -> list[str]:
@@ -88,6 +99,7 @@ class ParityReport:
         return {
             "config": self.config.to_dict(),
             "dtype": self.dtype,
+            "precision": self.precision,
             "batch": int(self.src.shape[0]),
             "src_len": int(self.src.shape[1]),
             "tgt_len": int(self.tgt_in.shape[1]),
@@ -123,15 +135,32 @@ def compare(
 
 
 def resolve_devices(backend_name: str, devices: Sequence[str], request: str) -> list[str]:
-    """The devices of one framework for --device cpu|gpu|all."""
+    """The devices of one framework (which sees `devices`) that a --device request names:
+    - auto: its first GPU (CUDA) if it sees one, else the cpu (every command's default);
+    - cpu; gpu: its first GPU; all: every device it sees;
+    - a device's own name: "cuda:N" and "gpu:N" both name its N-th GPU (torch says cuda, JAX and
+      TensorFlow say gpu), "cuda" and "gpu" its first; any other name must be one it sees ("mps").
+    An empty list: the framework sees no such device."""
+    # GPUs only: "auto" never picks Apple's MPS, which computes no float64; name it to use it.
+    accelerators = [d for d in devices if d.startswith(("cuda:", "gpu:"))]
+    if request == "auto":
+        return accelerators[:1] or ["cpu"]
     if request == "cpu":
         return ["cpu"]
-    accelerators = [d for d in devices if d != "cpu"]
-    if request == "gpu":
-        return accelerators[:1]
     if request == "all":
         return list(devices)
-    raise RosettaError(f"device: unknown {request!r}; allowed: cpu, gpu, all")
+    kind, colon, index = request.partition(":")
+    if kind in ("gpu", "cuda") and (not colon or index.isdigit()):
+        n = int(index or 0)
+        return accelerators[n : n + 1]
+    if request in devices:
+        return [request]
+    if request == "mps":
+        return []
+    raise RosettaError(f"device: unknown {request!r}; allowed: {DEVICE_REQUESTS}")
+
+
+DEVICE_REQUESTS = "auto, cpu, gpu, all, cuda:N, gpu:N, mps"
 
 
 def run_framework(
@@ -142,10 +171,11 @@ def run_framework(
     tgt_in: np.ndarray,
     dtype: str,
     device: str,
+    precision: str = DEFAULT_PRECISION,
 ) -> dict[str, np.ndarray]:
     """Every output of one framework: the explicit path's, plus the fused path's logits."""
     backend = get_backend(name)
-    model = backend.build(config, weights, dtype=dtype, device=device)
+    model = backend.build(config, weights, dtype=dtype, device=device, precision=precision)
     explicit = model.forward(src, tgt_in, attention=True).named()
     fused = model.forward(src, tgt_in, attention=False)
     return {**explicit, "logits (fused)": fused.logits}
@@ -179,6 +209,7 @@ def run_parity(
     frameworks: Sequence[str] = FRAMEWORKS,
     dtype: str = "float32",
     device: str = "cpu",
+    precision: str = DEFAULT_PRECISION,
     progress: Callable[[str], None] | None = None,
 ) -> ParityReport:
     """Run every requested, installed framework and compare all outputs.
@@ -191,10 +222,11 @@ def run_parity(
         raise RosettaError(
             f"unknown framework {', '.join(map(repr, unknown))}; known: {', '.join(FRAMEWORKS)}"
         )
-    tol = atol_for(dtype, config)
+    tol = atol_for(dtype, config, precision)
     say = progress or (lambda _msg: None)
     skipped: dict[str, str] = {}
     runs: list[Run] = []
+    setting = dtype if dtype != "float32" else f"float32, {precision} products"
     say(f"oracle: numpy float64 on {src.shape[0]} x ({src.shape[1]}, {tgt_in.shape[1]}) tokens")
     want = oracle_outputs(config, weights, src, tgt_in, dtype)
     for name in frameworks:
@@ -213,15 +245,15 @@ def run_parity(
             skipped[name] = f"no {device} device visible to {name}"
             continue
         for dev in devices:
-            label = name if device == "cpu" else f"{name}@{dev}"
-            say(f"{label}: building and running ({backend.version()}, {dtype})")
+            label = name if dev == "cpu" and device != "all" else f"{name}@{dev}"
+            say(f"{label}: building and running ({backend.version()}, {setting})")
             start = time.perf_counter()
-            outputs = run_framework(name, config, weights, src, tgt_in, dtype, dev)
+            outputs = run_framework(name, config, weights, src, tgt_in, dtype, dev, precision)
             runs.append(
                 Run(label, name, dev, backend.version(), outputs, time.perf_counter() - start)
             )
 
-    report = ParityReport(config, dtype, src, tgt_in, runs, skipped, want)
+    report = ParityReport(config, dtype, src, tgt_in, runs, skipped, want, precision=precision)
     for quantity in want:
         for run in runs:
             report.comparisons.append(
@@ -275,7 +307,7 @@ def summary_line(report: ParityReport) -> str:
     if failed:
         first = failed[0]
         return (
-            f"FAIL: {len(failed)} of {len(report.comparisons)} comparisons exceed the {report.dtype} "
+            f"FAIL: {len(failed)} of {len(report.comparisons)} comparisons exceed the {report.setting} "
             f"tolerance, first {first.quantity} {_short(first.left)} vs {_short(first.right)}: "
             f"{first.max_abs:.3g} > {first.tolerance:g}"
         )
@@ -283,6 +315,6 @@ def summary_line(report: ParityReport) -> str:
         return "nothing compared: no framework ran"
     return (
         f"PASS: {len(report.comparisons)} comparisons of {frameworks} against the float64 oracle "
-        f"and each other, all within {worst.tolerance:g} ({report.dtype}); largest "
+        f"and each other, all within {worst.tolerance:g} ({report.setting}); largest "
         f"{worst.max_abs:.2g} ({worst.quantity}, {_short(worst.left)} vs {_short(worst.right)})"
     )

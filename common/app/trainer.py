@@ -20,6 +20,9 @@ from common.weights.init import init_weights
 # on_step(step, steps, loss, target tokens per second so far)
 StepCallback = Callable[[int, int, float, float], None]
 
+# Steps per model.train_steps call: the progress bar's refresh interval (common/app/cli/task_models).
+SYNC_EVERY = 10
+
 
 @dataclass
 class TrainResult:
@@ -49,18 +52,24 @@ def train(
     on_step: StepCallback | None = None,
 ) -> TrainResult:
     """`steps` Adam steps at the Noam rate (task.warmup, task.lr_factor) on fresh batches from the
-    task's training stream (never a test source). The model is updated in place."""
+    task's training stream (never a test source). The model is updated in place.
+
+    The steps go to the model SYNC_EVERY at a time: within a call they queue on the device, and
+    only their losses (scalars) come back to the host at its end, so a GPU never waits for the
+    host's progress bar. on_step still sees every step, when its call has returned."""
     stream = task.train_batches(seed)
     result = TrainResult()
     start = time.perf_counter()
-    for step in range(1, steps + 1):
-        src, tgt = stream.next_batch()
-        (loss,) = model.train_steps([(src, tgt)], warmup=task.warmup, factor=task.lr_factor)
-        result.losses.append(loss)
-        result.target_tokens += int((tgt != model.config.pad_id).sum())
-        result.seconds = time.perf_counter() - start
-        if on_step is not None:
-            on_step(step, steps, loss, result.tokens_per_second)
+    for first in range(1, steps + 1, SYNC_EVERY):
+        batches = [stream.next_batch() for _ in range(min(SYNC_EVERY, steps + 1 - first))]
+        losses = model.train_steps(batches, warmup=task.warmup, factor=task.lr_factor)
+        seconds = time.perf_counter() - start
+        for step, (loss, (_, tgt)) in enumerate(zip(losses, batches, strict=True), start=first):
+            result.losses.append(loss)
+            result.target_tokens += int((tgt != model.config.pad_id).sum())
+            result.seconds = seconds
+            if on_step is not None:
+                on_step(step, steps, loss, result.tokens_per_second)
     return result
 
 

@@ -37,11 +37,25 @@ max |ours - oracle| <= atol, per compared array. Justified in docs/PARITY.md:
   (rounded once), Flax/JAX 4e-5 u (it returns the float32 probabilities). The softmax computed in
   bfloat16 instead (exp, sum and quotient each rounded) measured 1.7 u to 2.0 u, in each of the
   three frameworks, and fails.
+- tf32 (float32 tensors, products in TF32: common/spec/precision.py): a tensor core rounds each
+  product's operands to 10 explicit mantissa bits, unit roundoff u = 2^-11 = 4.9e-4, and
+  accumulates in float32. A product of two rounded operands is off by at most 2u relative, so by
+  the bfloat16 reasoning (one full error of the largest value, |x| <= 4, per rounding stage) the
+  tiny grid's 8 stages give 8 * 2u * 4 = 2^-5 = 0.031. At the base sizes (31 stages) the
+  roundings have random signs and add in quadrature, sqrt(31 / 8) ~ 2, so tf32_base is 2^-4.
+  Measured on the CPU by emulation (the oracle with every matmul operand rounded to TF32, in
+  float64): tiny grid, all 108 configs and both input cases, 4.8e-3 (logits) / 4.6e-3 (encoder
+  output) / 8.4e-4 (attention); base sizes (vocabulary 4000, batch 3 of 24/20 tokens, perturbed
+  init) 3.6e-3 on the logits, consistent with the 1.7e-3 to 2.7e-3 measured on an H100 between
+  TF32 and full float32. Like bfloat16's, it is a tracking bound: "highest" is the tier that
+  catches bugs, and TF32's own error is 300x the float32 bound, so "highest" cannot pass by
+  accident when TF32 is on.
 """
 
 from __future__ import annotations
 
 from common.spec.config import TransformerConfig
+from common.spec.precision import check_precision
 
 ATOL: dict[str, float] = {
     "float64": 1e-10,
@@ -50,6 +64,10 @@ ATOL: dict[str, float] = {
     "float32_base": 2e-5,
     # The tiny grid in bfloat16 (see the docstring): depth 8 stages x u = 2^-8 x |x| <= 4.
     "bfloat16": 2.0**-3,
+    # float32 with TF32 products (see the docstring): 8 stages x 2u (u = 2^-11) x |x| <= 4.
+    "tf32": 2.0**-5,
+    # The same at the base sizes: 31 stages, random-sign roundings, sqrt(31 / 8) ~ 2.
+    "tf32_base": 2.0**-4,
 }
 
 
@@ -61,10 +79,14 @@ BF16_PROBABILITY_RTOL = 2.0**-8 + 2.0**-20
 TINY_LIMITS = {"d_model": 64, "d_ff": 256, "num_encoder_layers": 3, "num_decoder_layers": 3}
 
 
-def atol_for(dtype: str, config: TransformerConfig | None = None) -> float:
-    """The bound for `dtype`; for float32, the base-size bound when `config` is past tiny sizes."""
-    if dtype == "float32" and config is not None and is_large(config):
-        return ATOL["float32_base"]
+def atol_for(
+    dtype: str, config: TransformerConfig | None = None, precision: str = "highest"
+) -> float:
+    """The bound for `dtype` (and, for float32, its matmul `precision`: common/spec/precision.py);
+    for float32, the base-size bound when `config` is past tiny sizes."""
+    if dtype == "float32":
+        tier = "tf32" if check_precision(precision) == "tf32" else "float32"
+        return ATOL[f"{tier}_base" if config is not None and is_large(config) else tier]
     try:
         return ATOL[dtype]
     except KeyError:

@@ -21,6 +21,7 @@ from common.app.resources import check_fits, weights_bytes  # noqa: E402
 from common.errors import RosettaError  # noqa: E402
 from common.files.outputs import shown  # noqa: E402
 from common.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
+from common.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
 from common.weights.format import (  # noqa: E402
     WeightFile,
     describe_nonfinite,
@@ -170,13 +171,70 @@ def load_inputs(path: str) -> tuple[np.ndarray, np.ndarray]:
     return src, tgt
 
 
+DEVICE_HELP = (
+    "auto (the default: the framework's first GPU if it sees one, else the cpu), cpu, gpu (its "
+    "first GPU), or a device's own name: cuda:N or gpu:N (its N-th GPU), mps"
+)
+
+
+def device_arg(text: str) -> str:
+    """An argparse type: a --device request (common.app.parity.resolve_devices), checked for its
+    form here; whether the framework sees that device is checked once the framework is known."""
+    kind, colon, index = text.partition(":")
+    if text in ("auto", "cpu", "gpu", "cuda", "mps", "all") or (
+        kind in ("gpu", "cuda") and colon and index.isdigit()
+    ):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}; give {DEVICE_HELP}")
+
+
+def add_device_argument(p: argparse.ArgumentParser, *, every: bool = False) -> None:
+    """--device, default auto. every=True also offers "all": every device of each framework."""
+    p.add_argument(
+        "--device",
+        type=device_arg,
+        default="auto",
+        metavar="DEVICE",
+        help=DEVICE_HELP + ("; or all: every device each framework sees" if every else ""),
+    )
+
+
+def device_for(framework: str, request: str) -> str:
+    """The one device of `framework` that `request` names; a one-line UsageError, before any
+    work, when the framework does not see it."""
+    from common.app.parity import resolve_devices
+
+    if request == "all":
+        raise UsageError("--device all runs every device only in `rosetta parity`; name one")
+    seen = get_backend(framework).devices()
+    found = resolve_devices(framework, seen, request)
+    if not found:
+        raise UsageError(
+            f"--device {request}: {framework} sees no such device (it sees {', '.join(seen)})"
+        )
+    return found[0]
+
+
+PRECISION_HELP = (
+    "float32 products: highest (full float32, the default) or tf32 (TF32 tensor cores where the "
+    "GPU has them; the same as highest on a CPU); bfloat16 is --dtype bfloat16"
+)
+
+
+def add_precision_argument(p: argparse.ArgumentParser) -> None:
+    """--precision highest|tf32 (common/spec/precision.py)."""
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help=PRECISION_HELP
+    )
+
+
 def check_devices_visible(frameworks: Sequence[str], device: str) -> None:
-    """--device gpu with no GPU visible to any requested framework is bad input (exit 2), as in
-    `rosetta forward`; with some frameworks on a GPU, the others are skipped with the reason."""
-    if device == "cpu":
+    """A --device no requested framework sees is bad input (exit 2), as in `rosetta forward`;
+    with some frameworks on it, the others are skipped with the reason."""
+    if device in ("cpu", "auto", "all"):
         return
     from common.app.parity import resolve_devices
 
     runnable = [f for f in frameworks if f != "numpy" and unavailable_reason(f) is None]
     if runnable and not any(resolve_devices(f, get_backend(f).devices(), device) for f in runnable):
-        raise UsageError(f"--device {device}: no GPU is visible to {', '.join(runnable)}")
+        raise UsageError(f"--device {device}: no such device is visible to {', '.join(runnable)}")

@@ -1,5 +1,5 @@
 """`rosetta bench`: each framework's forward pass timed beside its own framework's peer model
-(benchmarks/suite.py)."""
+(benchmarks/suite.py), on one device and at one precision for all of them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from common.app.cli.args import (
 )
 from common.app.resources import check_forward_fits
 from common.spec.config import PRESETS, TransformerConfig, preset
+from common.spec.precision import BENCH_PRECISIONS
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -34,28 +35,42 @@ def run_bench_command(args: argparse.Namespace) -> int:
         config, args.batch, args.src_len, args.tgt_len, 2 * len(frameworks), "this benchmark"
     )
     progress = None if args.json else (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    # run_bench resolves --device for every framework before it builds anything: a device no
+    # framework sees is a UsageError (exit 2) before any work.
     result = run_bench(
-        frameworks, config, args.batch, args.src_len, args.tgt_len, args.repeats, progress
+        frameworks,
+        config,
+        args.batch,
+        args.src_len,
+        args.tgt_len,
+        args.repeats,
+        progress,
+        device=args.device,
+        precision=args.precision,
     )
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return EXIT_OK
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
+    from benchmarks.harness import DEVICE_HELP, PRECISION_HELP, device_arg
+
     p = sub.add_parser(
         "bench",
         help="time each framework's forward pass against its own framework's peer model",
         description=(
-            "Time each framework's forward pass (eval, float32, CPU) side by side with a peer "
-            "built from that framework's own layers (torch.nn.Transformer; a Keras model of "
+            "Time each framework's forward pass (eval) side by side with a peer built from that "
+            "framework's own layers (torch.nn.Transformer; a Keras model of "
             "keras.layers.MultiHeadAttention/Dense/LayerNormalization; a Flax model of "
-            "nnx.MultiHeadAttention/Linear/LayerNorm) and a 2048x2048 matmul, alternating, in one "
-            "run. Prints median times, the ratio to the peer (target <= 1.15) and GFLOP/s as a "
-            "fraction of the matmul ceiling. The base model takes a few minutes per framework on "
-            "2 cores; run nothing else meanwhile."
+            "nnx.MultiHeadAttention/Linear/LayerNorm) and an n x n matmul (2048 on a CPU, 8192 on "
+            "a GPU), alternating, in one run, all on one device at one precision. Prints median "
+            "times, the ratio to the peer (target <= 1.15), TFLOP/s and their fraction of the "
+            "matmul ceiling, and the device's name. The base model takes a few minutes per "
+            "framework on 2 cores; run nothing else meanwhile."
         ),
         epilog="examples:\n  rosetta bench\n  rosetta bench --frameworks torch --repeats 3\n"
-        "  rosetta bench --preset tiny --batch 2 --src-len 16 --tgt-len 16 --json",
+        "  rosetta bench --device gpu --precision bf16 --batch 64\n"
+        "  rosetta bench --preset tiny --batch 2 --src-len 16 --tgt-len 16 --device cpu --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -82,5 +97,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         default=5,
         help=f"timed rounds, median taken (default 5, at most {MAX_REPEATS})",
     )
+    p.add_argument("--device", type=device_arg, default="auto", metavar="D", help=DEVICE_HELP)
+    p.add_argument("--precision", choices=BENCH_PRECISIONS, default="highest", help=PRECISION_HELP)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=run_bench_command)

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.adapter.backends import Model, get_backend, unavailable_reason
-from common.app.cli.args import EXIT_FAILURE, EXIT_OK, positive_int, seed_int
+from common.app.cli.args import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    add_device_argument,
+    positive_int,
+    seed_int,
+)
 from common.app.cli.task_models import TRAINABLE, build, check_beam, run_training
 from common.app.plots import PNG_BYTES_BOUND
 from common.app.resources import weights_bytes
@@ -44,6 +50,7 @@ class DemoPlan:
     others: list[str]  # the other frameworks, which load the exported weights
     skipped: dict[str, str]  # the other frameworks that cannot run here, with the reason
     steps: int
+    devices: dict[str, str]  # each other framework's device for --device
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,21 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
     task.encode_sources([args.example])
     check_beam(task, list(DEMO_INPUTS), args.beam)
     config, weights = initial_weights(task, args.seed)
-    model = build(args.framework, config, weights, "float32")
+    model = build(args.framework, config, weights, "float32", args.device)
     others = [f for f in TRAINABLE if f != args.framework]
     skipped = {f: unavailable_reason(f) for f in others if unavailable_reason(f)}
+    from common.app.parity import resolve_devices
+
+    devices: dict[str, str] = {}
+    for f in others:
+        found = [] if f in skipped else resolve_devices(f, get_backend(f).devices(), args.device)
+        if found:
+            devices[f] = found[0]
+        elif f not in skipped:
+            skipped[f] = f"it sees no device for --device {args.device}"
     others = [f for f in others if f not in skipped]
-    return DemoPlan(task, folder, names, config, model, others, skipped, args.steps or task.steps)
+    steps = args.steps or task.steps
+    return DemoPlan(task, folder, names, config, model, others, skipped, steps, devices)
 
 
 def train_demo_model(args: argparse.Namespace, plan: DemoPlan) -> Training:
@@ -126,7 +143,7 @@ def export_to_every_framework(
         print(f"   skipped {name}: {reason}")
     loaded = load_weights(weights_path)
     models = {args.framework: plan.model} | {
-        f: build(f, loaded.config, loaded.tensors, "float32") for f in plan.others
+        f: build(f, loaded.config, loaded.tensors, "float32", plan.devices[f]) for f in plan.others
     }
     return weights_path, loaded.tensors, models
 
@@ -298,4 +315,5 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="overwrite the files of an earlier demo in DIR"
     )
     p.add_argument("--seed", type=seed_int, default=0)
+    add_device_argument(p)
     p.set_defaults(run=run_demo_command)

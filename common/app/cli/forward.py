@@ -9,15 +9,21 @@ import json
 import numpy as np
 
 from common.adapter.backends import FRAMEWORKS, get_backend
-from common.app.cli.args import EXIT_OK, UsageError, config_and_weights, load_ids
+from common.app.cli.args import (
+    EXIT_OK,
+    UsageError,
+    add_device_argument,
+    add_precision_argument,
+    config_and_weights,
+    device_for,
+    load_ids,
+)
 from common.app.resources import check_forward_fits
 from common.files.outputs import atomic_write, check_output_file
 from common.spec.inputs import check_inputs
 
 
 def run_forward_command(args: argparse.Namespace) -> int:
-    from common.app.parity import resolve_devices
-
     out_path = check_output_file(
         args.out, force=args.force, suffix=".npz", inputs=(args.weights, args.src, args.tgt)
     )
@@ -31,10 +37,10 @@ def run_forward_command(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
         )
-    devices = resolve_devices(args.framework, backend.devices(), args.device)
-    if not devices:
-        raise UsageError(f"no {args.device} device is visible to {args.framework}")
-    model = backend.build(config, weights, dtype=args.dtype, device=devices[0])
+    device = device_for(args.framework, args.device)
+    model = backend.build(
+        config, weights, dtype=args.dtype, device=device, precision=args.precision
+    )
     arrays = model.forward(src, tgt_in, attention=not args.no_attention).named()
 
     def write(tmp: str) -> None:
@@ -44,8 +50,9 @@ def run_forward_command(args: argparse.Namespace) -> int:
     atomic_write(out_path, write, size=sum(a.nbytes for a in arrays.values()))
     summary = {
         "framework": backend.version(),
-        "device": devices[0],
+        "device": device,
         "dtype": args.dtype,
+        "precision": args.precision,
         "out": str(out_path),
         "arrays": {k: list(v.shape) for k, v in arrays.items()},
     }
@@ -54,7 +61,7 @@ def run_forward_command(args: argparse.Namespace) -> int:
     else:
         print(
             f"wrote {out_path}: {len(arrays)} arrays ({', '.join(list(arrays)[:3])}"
-            f"{', ...' if len(arrays) > 3 else ''}) from {backend.version()} on {devices[0]}, {args.dtype}"
+            f"{', ...' if len(arrays) > 3 else ''}) from {backend.version()} on {device}, {args.dtype}"
         )
     return EXIT_OK
 
@@ -88,7 +95,8 @@ def add_forward(sub: argparse._SubParsersAction) -> None:
         choices=["float32", "float64", "bfloat16"],
         help="compute dtype (default float32; float64 for numpy, the only one the oracle has)",
     )
-    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    add_precision_argument(p)
+    add_device_argument(p)
     p.add_argument(
         "--no-attention",
         action="store_true",

@@ -15,7 +15,9 @@ from common.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
     UsageError,
+    add_device_argument,
     add_model_arguments,
+    add_precision_argument,
     check_devices_visible,
     config_and_weights,
     frameworks_arg,
@@ -51,6 +53,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
         frameworks=args.frameworks,
         dtype=args.dtype,
         device=args.device,
+        precision=args.precision,
         progress=None if args.json else stderr_progress,
     )
     plots: list[Path] = []
@@ -174,12 +177,8 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
         choices=["float32", "float64", "bfloat16"],
         help="compute dtype of the frameworks (default float32); the oracle is float64",
     )
-    p.add_argument(
-        "--device",
-        default="cpu",
-        choices=["cpu", "gpu", "all"],
-        help="cpu, the first gpu of each framework, or every device (default cpu)",
-    )
+    add_precision_argument(p)
+    add_device_argument(p, every=True)
     data = p.add_argument_group("inputs")
     data.add_argument("--batch", type=positive_int, default=4, help="rows (default 4)")
     data.add_argument("--src-len", type=positive_int, default=9, help="source length (default 9)")

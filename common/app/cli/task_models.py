@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.adapter.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
-from common.app.cli.args import UsageError
+from common.app.cli.args import UsageError, device_for
 from common.app.progress import ProgressBar
 from common.app.resources import check_fits, decode_bytes
 from common.app.tasks import Task, get_task
@@ -21,13 +21,25 @@ TRAINABLE = tuple(f for f in FRAMEWORKS if f != "numpy")
 
 
 def build(
-    framework: str, config: TransformerConfig, weights: dict[str, np.ndarray], dtype: str
+    framework: str,
+    config: TransformerConfig,
+    weights: dict[str, np.ndarray],
+    dtype: str,
+    device: str = "cpu",
 ) -> Model:
-    """The framework's model, or a one-line UsageError naming why the framework cannot run."""
+    """The framework's model on the device a --device request names (common.app.cli.args
+    DEVICE_HELP), or a one-line UsageError naming why the framework cannot run there."""
+    check_framework(framework)
+    return get_backend(framework).build(
+        config, weights, dtype=dtype, device=device_for(framework, device)
+    )
+
+
+def check_framework(framework: str) -> None:
+    """A one-line UsageError when the framework is not installed here."""
     reason = unavailable_reason(framework)
     if reason is not None:
         raise UsageError(f"--framework {framework}: {reason}")
-    return get_backend(framework).build(config, weights, dtype=dtype)
 
 
 def run_training(model: Model, task: Task, steps: int, seed: int, label: str) -> list[float]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from common.adapter.backends import get_backend
-from common.app.cli.args import EXIT_OK, positive_int, seed_int
+from common.app.cli.args import EXIT_OK, add_device_argument, positive_int, seed_int
 from common.app.cli.task_models import TRAINABLE, build, load_task_weights, run_training
 from common.app.plots import PNG_BYTES_BOUND
 from common.app.resources import weights_bytes
@@ -49,7 +49,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     else:
         config, weights = initial_weights(task, args.seed)
     check_free_space(out.parent, needed, "--out")  # before training
-    model = build(args.framework, config, weights, args.dtype)
+    model = build(args.framework, config, weights, args.dtype, args.device)
     steps = args.steps or task.steps
     print(f"task {task.name}: {task.description}")
     losses = run_training(model, task, steps, args.seed, f"train {args.framework}")
@@ -101,4 +101,5 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=seed_int, default=0, help="seed for the weights and the batches")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    add_device_argument(p)
     p.set_defaults(run=run_train_command)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common.app.cli.args import EXIT_OK, positive_int
+from common.app.cli.args import EXIT_OK, add_device_argument, positive_int
 from common.app.cli.task_models import TRAINABLE, build, check_beam, load_task_weights
 from common.app.trainer import translate
 
@@ -14,7 +14,7 @@ from common.app.trainer import translate
 def run_translate_command(args: argparse.Namespace) -> int:
     task, weights = load_task_weights(args.weights, args.task, args.allow_nonfinite)
     check_beam(task, args.text, args.beam)
-    model = build(args.framework, task.config(), weights, args.dtype)
+    model = build(args.framework, task.config(), weights, args.dtype, args.device)
     outputs = translate(model, task, args.text, beam=args.beam)
     if args.json:
         print(
@@ -43,6 +43,7 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=positive_int, default=1, help="beam size (default 1: greedy)")
     p.add_argument("--task", help="the task, for a weight file that does not name one")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    add_device_argument(p)
     p.add_argument(
         "--allow-nonfinite",
         action="store_true",
