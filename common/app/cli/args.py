@@ -237,4 +237,5 @@ def check_devices_visible(frameworks: Sequence[str], device: str) -> None:
 
     runnable = [f for f in frameworks if f != "numpy" and unavailable_reason(f) is None]
     if runnable and not any(resolve_devices(f, get_backend(f).devices(), device) for f in runnable):
-        raise UsageError(f"--device {device}: no such device is visible to {', '.join(runnable)}")
+        what = {"gpu": "no GPU", "mps": "no MPS device"}.get(device, "no such device")
+        raise UsageError(f"--device {device}: {what} is visible to {', '.join(runnable)}")
