@@ -50,6 +50,7 @@ def _forward(
 _forward_compiled = nnx.jit(_forward, static_argnames=("return_attention", "hidden_states"))
 
 
+# rosetta: device
 # idiom: JAX places arrays on jax.Device objects (jax.device_put)
 def jax_device(device: str) -> jax.Device:
     """'cpu' or 'gpu:N' as a jax.Device; ValueError naming the devices there are otherwise."""
@@ -61,6 +62,9 @@ def jax_device(device: str) -> jax.Device:
         raise ValueError(f"device: unknown {device!r}; this machine has {known}") from None
 
 
+# rosetta: end
+
+
 def to_numpy(x: jax.Array) -> np.ndarray:
     """float64/float32 stay as they are; bfloat16 goes to float32 so numpy can compare it."""
     a = np.asarray(x)
@@ -69,8 +73,10 @@ def to_numpy(x: jax.Array) -> np.ndarray:
 
 def _to_device(model: Transformer, device: jax.Device) -> Transformer:
     """The model with every array placed on `device` (a jax.Device)."""
+    # rosetta: device
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.device_put(state, device))
+    # rosetta: end
 
 
 class FlaxStepper:

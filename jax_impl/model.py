@@ -26,6 +26,7 @@ from common.spec.precision import DEFAULT_PRECISION, check_precision
 # -- masks: small pure functions mirroring common/spec/masks.py, [B, 1, Tq, Tk] -------------------
 
 
+# rosetta: masks
 def key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
     """[B, 1, 1, K]: a key may be attended iff it is not padding."""
     return (ids != pad_id)[:, None, None, :]
@@ -46,6 +47,9 @@ def decoder_self_mask(tgt_in: jax.Array, pad_id: int) -> jax.Array:
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1])
 
 
+# rosetta: end
+
+
 # -- positions, activations, precision --------------------------------------------------------
 
 
@@ -57,11 +61,13 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
     jit the table is a constant, computed for any length (it extrapolates past max_len), and a
     float32 model gets the correctly rounded table rather than float32 sin/cos of rounded angles.
     """
+    # rosetta: positions
     pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
     angle = pos / np.power(10000.0, np.arange(0, d_model, 2) / d_model)  # (L, d/2)
     if layout == "interleaved":
         return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(length, d_model)
     return np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)
+    # rosetta: end
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -80,11 +86,15 @@ def statistics_dtype(dtype: jnp.dtype) -> jnp.dtype:
 _JAX_PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
 
 
+# rosetta: device
 def matmul_precision(precision: str = DEFAULT_PRECISION) -> contextlib.AbstractContextManager:
     """float32 products in `precision` (common/spec/precision.py) for what runs, and what is
     traced, inside the block. JAX's own default on a GPU is TF32, so "highest" must be asked for;
     the setting is part of jit's cache key, so each mode compiles its own program."""
     return jax.default_matmul_precision(_JAX_PRECISIONS[check_precision(precision)])
+
+
+# rosetta: end
 
 
 # -- attention (Eq. 1) -------------------------------------------------------------------------
@@ -102,12 +112,14 @@ def explicit_attention(
     masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
     allowed key gets an all-zero row and a zero context.
     """
+    # rosetta: attention
     scores = jnp.einsum("bqhk,bthk->bhqt", q, k) / math.sqrt(q.shape[-1])  # (B, h, Tq, Tk)
     scores = scores.astype(statistics_dtype(scores.dtype))
     scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
     probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
     context = jnp.einsum("bhqt,bthk->bqhk", dropout(probs.astype(v.dtype)), v)
     return context, probs
+    # rosetta: end
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -117,14 +129,17 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
     The kernel gives a fully masked query a uniform row over the values; the spec (and the
     oracle) give it a zero context, as explicit_attention does, so those rows are zeroed.
     """
+    # rosetta: attention
     context = jax.nn.dot_product_attention(q, k, v, mask=mask)
     has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, Tq, 1, 1)
     return jnp.where(has_key, context, 0.0)
+    # rosetta: end
 
 
 # -- sublayer wiring (section 3.1) -------------------------------------------------------------
 
 
+# rosetta: layer_norm
 def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """Ba et al. 2016, as the oracle: population variance, eps inside the sqrt, eps from the
     config (Flax's default is 1e-6), and E[(x - mean)^2] rather than Flax's default
@@ -139,6 +154,9 @@ def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -
     )
 
 
+# rosetta: end
+
+
 def residual(
     x: jax.Array,
     sublayer: Callable[[jax.Array], tuple[jax.Array, Any]],
@@ -150,9 +168,11 @@ def residual(
     pre-norm (Wang et al. 2019) is x + Dropout(Sublayer(LayerNorm(x))).
 
     `sublayer` returns (output, extra); extra (attention probabilities) is passed through."""
+    # rosetta: residual
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out)
     return (x if pre_norm else norm(x)), extra
+    # rosetta: end
 
 
 # -- layers ------------------------------------------------------------------------------------
@@ -164,6 +184,7 @@ class MultiHeadAttention(nnx.Module):
     [h, k, d] (Flax's nnx.LinearGeneral layout, which is also the canonical one)."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        # rosetta: parameters
         d, h, k = config.d_model, config.num_heads, config.head_dim
         dense = functools.partial(
             nnx.LinearGeneral,
@@ -177,13 +198,16 @@ class MultiHeadAttention(nnx.Module):
         self.key = dense(d, (h, k))
         self.value = dense(d, (h, k))
         self.output = dense((h, k), d, axis=(-2, -1))
+        # rosetta: end
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def keys_values(self, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
         """K W^K and V W^V of x_kv (B, Tk, d), each (B, h, Tk, k): the layout of the decoding
         cache (jax_impl/decode.py), the same in all three implementations."""
+        # rosetta: heads
         k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
         return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, h, Tk, k)
+        # rosetta: end
 
     def __call__(
         self,
@@ -207,6 +231,7 @@ class MultiHeadAttention(nnx.Module):
             k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
         else:
             k, v = (jnp.swapaxes(t, 1, 2) for t in kv)  # (B, h, Tk, k) -> (B, Tk, h, k)
+        # rosetta: dropout
         dropout_live = not self.dropout.deterministic and self.dropout.rate > 0
         # idiom: explicit also with live attention dropout (the fused kernel has none) and in
         # float64 (jax.nn.dot_product_attention rounds its softmax to float32: 1e-8 > 1e-10 parity)
@@ -215,6 +240,7 @@ class MultiHeadAttention(nnx.Module):
             probs = probs if return_attention else None
         else:
             context, probs = fused_attention(q, k, v, mask), None
+        # rosetta: end
         return self.output(context), probs
 
 
@@ -313,11 +339,13 @@ class DecoderLayer(nnx.Module):
             if cache is None:
                 out, probs = self.self_attention(y, y, self_mask, return_attention=return_attention)
                 return out, (probs, None)
+            # rosetta: cache
             new = self.self_attention.keys_values(y)  # (B, h, 1, k) each
             keys, values = (
                 jax.lax.dynamic_update_slice_in_dim(cache[name], t, index, axis=2)
                 for name, t in zip(("self_key", "self_value"), new, strict=True)
             )
+            # rosetta: end
             out, probs = self.self_attention(
                 y, None, self_mask, return_attention=return_attention, kv=(keys, values)
             )
@@ -353,8 +381,10 @@ def _embedding_param(
 ) -> nnx.Param:
     """[vocab_size, d] drawn from N(0, d^-0.5), so that after the sqrt(d) scale of section 3.4
     the embeddings have unit variance (tensor2tensor)."""
+    # rosetta: parameters
     init = nnx.initializers.normal(config.d_model**-0.5)
     return nnx.Param(init(rngs.params(), (vocab_size, config.d_model), dtype))
+    # rosetta: end
 
 
 class Stack(nnx.Module):
@@ -418,9 +448,11 @@ class Stack(nnx.Module):
         else:
             pe = self._position_table(max_steps, table.dtype)
             pe = jax.lax.dynamic_slice_in_dim(pe, start, length)  # (L, d): PE[start..]
+        # rosetta: embeddings
         x = jnp.take(table, ids, axis=0)  # (B, L, d)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
+        # rosetta: end
         return self.dropout(x + pe[None])
 
 
@@ -508,8 +540,10 @@ class Transformer(nnx.Module):
     ) -> None:
         self.config = config
         c = config
+        # rosetta: embeddings
         if c.share_embeddings:  # section 3.4: one matrix for both embeddings
             self.shared_embedding = _embedding_param(c.src_vocab_size, c, dtype, rngs)
+        # rosetta: end
         self.encoder = Encoder(c, dtype=dtype, rngs=rngs)
         self.decoder = Decoder(c, dtype=dtype, rngs=rngs)
         if not c.tie_output:
@@ -567,8 +601,10 @@ class Transformer(nnx.Module):
     def logits(self, y: jax.Array) -> jax.Array:
         """Section 3.4: the pre-softmax linear transformation of y (..., d) -> (..., V)."""
         c = self.config
+        # rosetta: embeddings
         if c.tie_output:  # section 3.4: y E^T
             logits = jnp.einsum("...d,vd->...v", y, self.table("output"))
+            # rosetta: end
             if c.output_bias:
                 logits = logits + self.output.bias
             return logits

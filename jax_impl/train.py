@@ -101,11 +101,13 @@ def _split_for_training(model: Transformer) -> _Split:
     here, once, between model.train() and model.eval(): each of those walks the whole graph,
     which is why they are not called per step (the Flax performance guide's functional loop).
     The arrays are the module's own, not copies."""
+    # rosetta: dropout
     model.train()
     try:
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     finally:
         model.eval()
+    # rosetta: end
     # The State holds the module's own Variables; the same dict of them, flattened as the
     # arrays' dict is, lists them in its leaves' order.
     variables = jax.tree.leaves(
@@ -138,10 +140,12 @@ def _loss_fn(
     (accuracy, tokens, the rest after the step: dropout's RNG counts moved on)). A tied
     parameter is one nnx.Param read in several places, so autodiff sums the gradient over its
     uses."""
+    # rosetta: gradients
     model = nnx.merge(graphdef, params, rest)  # in the trace only
     loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
     _, _, rest = nnx.split(model, nnx.Param, ...)
     return loss, (accuracy, tokens, nnx.to_pure_dict(rest))
+    # rosetta: end
 
 
 # The compiled functions close over the graphdef rather than take it as a static argument:
@@ -157,13 +161,16 @@ def _compiled_loss_and_grads(graphdef: nnx.GraphDef) -> Callable[..., tuple]:
     def run(
         params: _Tree, rest: _Tree, src: jax.Array, tgt_in: jax.Array, tgt: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array, _Tree]:
+        # rosetta: gradients
         grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
         (loss, (accuracy, tokens, _)), grads = grad_fn(params, graphdef, rest, src, tgt_in, tgt)
+        # rosetta: end
         return loss, accuracy, tokens, grads
 
     return jax.jit(run)
 
 
+# rosetta: compilation
 @functools.lru_cache(maxsize=16)
 def _compiled_train_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation
@@ -185,6 +192,9 @@ def _compiled_train_step(
     # The params and Adam's state are replaced by the step's outputs, so XLA may write those
     # into the inputs' buffers (the guide's donate_argnums).
     return jax.jit(run, donate_argnums=(0, 2))
+
+
+# rosetta: end
 
 
 def loss_and_grads(
@@ -230,8 +240,10 @@ def _noam_adam(d_model: int, warmup: int, factor: float = 1.0) -> optax.Gradient
     _compiled_train_step's cache key: one object per (d_model, warmup, factor) lets a later
     model of the same kind reuse the step compiled for an earlier one.
     """
+    # rosetta: optimizer
     b1, b2 = ADAM_BETAS
     return optax.adam(noam_schedule(d_model, warmup, factor), b1=b1, b2=b2, eps=ADAM_EPS)
+    # rosetta: end
 
 
 def make_optimizer(

@@ -112,9 +112,11 @@ def load_canonical(
     missing = [n for n in canonical_shapes(model.config) if n not in weights]
     if missing:
         raise ValueError(f"missing tensors: {', '.join(missing)}")
+    # rosetta: checkpoints
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, _params_pure_dict(model, weights, dtype))
     nnx.update(model, state)
+    # rosetta: end
 
 
 # idiom: NNX builds a module with its dtype and rngs, then loads: one call for both

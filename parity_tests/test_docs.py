@@ -60,3 +60,53 @@ def test_a_stale_block_is_detected():
     assert docs.render(edited, names_only) == docs.render(text, names_only), (
         "rendering did not put the edited row back"
     )
+
+
+def test_the_rosetta_pages_are_current():
+    """docs/ROSETTA.md's blocks and docs/rosetta.html whole are what the markers in the three
+    implementations and docs/divergences.json give now. Neither needs a framework: the markers
+    are read as text and the catalogue's numbers come from the JSON that `--measure` wrote."""
+    text = docs.ROSETTA_DOC.read_text()
+    assert docs.render(text, docs.ROSETTA_GENERATORS) == text, (
+        f"{docs.ROSETTA_DOC} is stale: run python -m common.app.docs"
+    )
+    for path, generate in docs.WHOLE_FILES.items():
+        assert path.exists() and generate() == path.read_text(), (
+            f"{path} is stale: run python -m common.app.docs"
+        )
+
+
+def test_an_edited_excerpt_makes_the_rosetta_page_stale(tmp_path, monkeypatch):
+    """The staleness check bites: one line changed in an implementation's marked code changes
+    both generated pages."""
+    from common.app import idioms
+
+    for _, _, package in idioms.FRAMEWORKS:
+        (tmp_path / package).mkdir()
+        for name in idioms.IMPL_FILES:
+            source = docs.DOC.parents[1] / package / name
+            if source.exists():
+                (tmp_path / package / name).write_text(source.read_text())
+    model = tmp_path / "torch_impl" / "model.py"
+    text = model.read_text()
+    edited = text.replace(
+        "return (x if pre_norm else norm(x)), extra", "return edited_by_the_test, extra", 1
+    )
+    assert edited != text, "the line this test edits is gone from torch_impl/model.py"
+    model.write_text(edited)
+    before = docs.rosetta_concepts(), docs.rosetta_html()
+    real = idioms.excerpts
+    from common.app import rosetta_page
+
+    monkeypatch.setattr(rosetta_page, "excerpts", lambda root=tmp_path: real(root))
+    after = docs.rosetta_concepts(), docs.rosetta_html()
+    for old, new in zip(before, after, strict=True):
+        assert "edited_by_the_test" not in old and "edited_by_the_test" in new
+
+
+def test_measure_names_what_it_measures():
+    assert docs._measure_kinds(["--measure"]) == ["parity", "divergences"]
+    assert docs._measure_kinds(["--measure", "divergences", "--check"]) == ["divergences"]
+    assert docs._measure_kinds(["--check"]) == []
+    with pytest.raises(SystemExit, match="--measure: unknown 'speed'; give parity or divergences"):
+        docs._measure_kinds(["--measure", "speed"])

@@ -53,11 +53,15 @@ _ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_at
 _HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
 
 
+# rosetta: device
 # idiom: TensorFlow places work by device name in a tf.device scope
 def tf_device(device: str) -> str:
     """'cpu' -> '/CPU:0', 'gpu:N' -> '/GPU:N'."""
     kind, _, index = device.partition(":")
     return f"/{kind.upper()}:{index or 0}"
+
+
+# rosetta: end
 
 
 def to_numpy(x: tf.Tensor) -> np.ndarray:
@@ -187,7 +191,9 @@ class KerasModel:
     ) -> ForwardOutput:
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         check_mode(KerasBackend.modes, mode)
+        # rosetta: device
         with tf.device(tf_device(self.device)), matmul_precision(self.precision):
+            # rosetta: end
             if mode == "compiled":
                 out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
             else:
@@ -278,6 +284,7 @@ class KerasModel:
                 self._optimizer.learning_rate = noam_schedule(self.config.d_model, warmup, factor)
                 model, optimizer = self.module, self._optimizer
 
+                # rosetta: compilation
                 # idiom: one tf.function per schedule, baked into its trace (relaxed to any
                 # shape once a second shape comes); XLA per concrete shape with train_jit_compile
                 @tf.function(
@@ -285,6 +292,8 @@ class KerasModel:
                 )
                 def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
                     return train_step(model, optimizer, src, tgt_in, tgt)
+
+                # rosetta: end
 
                 self._train_fns[key] = compiled
             step = self._train_fns[key]

@@ -31,6 +31,7 @@ from common.spec.precision import DEFAULT_PRECISION, check_precision
 # -- masks: small pure functions mirroring common/spec/masks.py (boolean, True = may attend) ---------
 
 
+# rosetta: masks
 def key_padding_mask(ids: Any, pad_id: int) -> Any:
     """[B, 1, 1, K]: a key may be attended iff it is not padding."""
     return ops.not_equal(ids, pad_id)[:, None, None, :]
@@ -56,6 +57,9 @@ def decoder_self_mask(tgt_in: Any, pad_id: int) -> Any:
     )
 
 
+# rosetta: end
+
+
 # -- positions, activations, precision --------------------------------------------------------
 
 
@@ -72,6 +76,7 @@ def sinusoidal_positions(
     hand, so they extrapolate past max_len. Deviation, flagged: layout "concatenated" puts every
     sin first, then every cos (tensor2tensor, Marian).
     """
+    # rosetta: positions
     pos = ops.arange(length, dtype=dtype)[:, None]  # (L, 1)
     if start is not None:  # a decode step: a tensor index, so a compiled step does not retrace
         pos = pos + ops.cast(start, dtype)
@@ -80,6 +85,7 @@ def sinusoidal_positions(
     if layout == "interleaved":
         return ops.reshape(ops.stack([ops.sin(angle), ops.cos(angle)], axis=-1), (length, d_model))
     return ops.concatenate([ops.sin(angle), ops.cos(angle)], axis=-1)
+    # rosetta: end
 
 
 # GELU is written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants pass
@@ -144,6 +150,7 @@ def _set_matmul_precision(precision: str) -> Callable[[], None]:
     return lambda: None  # numpy/openvino backends: no reduced-precision float32 products
 
 
+# rosetta: device
 @contextlib.contextmanager
 def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
     """float32 products in `precision` (common/spec/precision.py) while the block runs, under
@@ -153,6 +160,9 @@ def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
         yield
     finally:
         restore()
+
+
+# rosetta: end
 
 
 # Importing the model pins full float32 products for the process, under every Keras backend: the
@@ -181,6 +191,7 @@ def explicit_attention(
     of the softmax dtype (never -inf, which turns a fully masked row into NaN); probabilities are
     then zeroed where the mask is False.
     """
+    # rosetta: attention
     dtype = keras.backend.standardize_dtype(q.dtype)  # the layer's compute dtype
     softmax_dtype = statistics_dtype(dtype)
     scores = ops.einsum("btnk,bsnk->bnts", q, k) / math.sqrt(q.shape[-1])  # (B, h, T, S)
@@ -193,6 +204,7 @@ def explicit_attention(
     probs = ops.cast(probs, dtype)
     context = ops.einsum("bnts,bsnk->btnk", dropout(probs, training=training), v)
     return context, probs  # (B, T, h, k), (B, h, T, S)
+    # rosetta: end
 
 
 def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
@@ -200,6 +212,7 @@ def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
     torch), in explicit_attention's (B, T, h, k) layout; returns the context (B, T, h, k). Its
     masked rows with no allowed key come out uniform (or NaN on some kernels); they are set to
     zero here, as on the explicit path."""
+    # rosetta: attention
     # 1/sqrt(d_k) is applied to q here, not passed as `scale`: the TF backend turns a Python
     # float scale into a float32 tensor, which costs float64 models ~1e-7, and the torch
     # backend takes no tensor scale.
@@ -207,15 +220,20 @@ def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
     context = ops.dot_product_attention(q, k, v, mask=mask, scale=1.0)
     has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T|1, 1, 1)
     return ops.where(has_key, context, ops.zeros_like(context))  # (B, T, h, k)
+    # rosetta: end
 
 
 # -- sublayer wiring (section 3.1) ------------------------------------------------------------
 
 
+# rosetta: layer_norm
 def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.LayerNormalization:
     """Ba et al. 2016, with epsilon from the config: Keras's default (1e-3) is a classic parity
     bug."""
     return layers.LayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
+
+
+# rosetta: end
 
 
 def residual(
@@ -230,9 +248,11 @@ def residual(
     pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
 
     `sublayer` maps its input to (output, extra); returns (new x, extra)."""
+    # rosetta: residual
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out, training=training)
     return (x if pre_norm else norm(x)), extra
+    # rosetta: end
 
 
 # -- layers -----------------------------------------------------------------------------------
@@ -254,6 +274,7 @@ class _ConfigLayer(layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+# rosetta: heads
 # idiom: works around Keras 3.15's TensorFlow ops.add, which adds a per-head bias along T
 class HeadProjection(layers.EinsumDense):
     """layers.EinsumDense with its bias added by `+` rather than `ops.add`.
@@ -269,6 +290,9 @@ class HeadProjection(layers.EinsumDense):
         return x if self.bias is None else x + ops.convert_to_tensor(self.bias, x.dtype)
 
 
+# rosetta: end
+
+
 class MultiHeadAttention(_ConfigLayer):
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
     head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), with Attention from Eq. (1).
@@ -281,6 +305,7 @@ class MultiHeadAttention(_ConfigLayer):
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         c = self.config
+        # rosetta: heads
         bias = "nk" if c.attention_bias else None
         policy = self.dtype_policy
         shape = (None, c.num_heads, c.head_dim)
@@ -291,6 +316,7 @@ class MultiHeadAttention(_ConfigLayer):
         self.value = HeadProjection(
             "bsd,dnk->bsnk", shape, bias_axes=bias, name="value", dtype=policy
         )
+        # rosetta: end
         # `output` is a read-only property of every Keras layer, hence the longer attribute name;
         # the layer's name (and so its variables' paths) is still "output".
         self.output_projection = HeadProjection(
@@ -302,12 +328,15 @@ class MultiHeadAttention(_ConfigLayer):
         )
         self.dropout = layers.Dropout(c.attention_dropout, dtype=policy)
 
+    # rosetta: parameters
     def build(self, x_q_shape: tuple, x_kv_shape: tuple | None = None) -> None:
         x_kv_shape = x_q_shape if x_kv_shape is None else x_kv_shape
         self.query.build(x_q_shape)
         self.key.build(x_kv_shape)
         self.value.build(x_kv_shape)
         self.output_projection.build((None, None, self.config.num_heads, self.config.head_dim))
+
+    # rosetta: end
 
     def keys_values(self, x_kv: Any) -> tuple[Any, Any]:
         """K W^K_i and V W^V_i of Eq. (4) for x_kv (B, S, d), each (B, h, S, k): the layout of
@@ -338,12 +367,14 @@ class MultiHeadAttention(_ConfigLayer):
             v = self.value(x_kv)  # (B, S, h, k)
         else:
             k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)  # (B, h, S, k) -> (B, S, h, k)
+        # rosetta: dropout
         # idiom: the fused kernel (keras.ops) has no dropout on the probabilities, so training
         # with attention dropout takes the explicit path.
         if return_attention or (training and self.config.attention_dropout > 0):
             context, probs = explicit_attention(q, k, v, mask, self.dropout, training)
         else:
             context, probs = fused_attention(q, k, v, mask), None
+        # rosetta: end
         return self.output_projection(context), probs
 
 
@@ -518,12 +549,14 @@ class DecoderLayer(_ConfigLayer):
                 y, y, mask, return_attention=return_attention, training=training
             )
             return out, (probs, None)
+        # rosetta: cache
         keys, values = self.self_attention.keys_values(y)  # (N, h, 1, k)
         at = (0, 0, index, 0)
         kv = (
             ops.slice_update(cache["self_key"], at, keys),  # (N, h, max_steps, k)
             ops.slice_update(cache["self_value"], at, values),
         )
+        # rosetta: end
         out, probs = self.self_attention(
             y, None, mask, return_attention=return_attention, kv=kv, training=training
         )
@@ -585,9 +618,11 @@ class Stack(_ConfigLayer):
         """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
         start (a decode step's index), PE[start..start+L-1]."""
         c = self.config
+        # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
+        # rosetta: end
         length = ops.shape(ids)[1]
         if c.position_kind == "learned":
             pos = ops.arange(length)
@@ -706,6 +741,7 @@ class Transformer(keras.Model):
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         c = self.config = _config_from(config)
+        # rosetta: embeddings
         shared = None
         if c.share_embeddings:
             shared = layers.Embedding(
@@ -714,6 +750,7 @@ class Transformer(keras.Model):
             self.shared_embedding = shared
         self.encoder = Encoder(c, shared, name="encoder", dtype=self.dtype_policy)
         self.decoder = Decoder(c, shared, name="decoder", dtype=self.dtype_policy)
+        # rosetta: end
 
     def build(self, src_shape: tuple | None = None, tgt_in_shape: tuple | None = None) -> None:
         c = self.config
@@ -723,6 +760,7 @@ class Transformer(keras.Model):
         self.decoder.build()
         # The output projection has no layer of its own (tied, it is E^T plus maybe a bias), so
         # its variables are made under an "output" name scope: paths "output/kernel", "output/bias".
+        # rosetta: parameters
         with keras.name_scope("output"):
             if not c.tie_output:
                 self.output_kernel = keras.Variable(
@@ -735,6 +773,7 @@ class Transformer(keras.Model):
                 self.output_bias = keras.Variable(
                     "zeros", shape=(c.tgt_vocab_size,), dtype=self.variable_dtype, name="bias"
                 )
+        # rosetta: end
 
     def encode(
         self, src: Any, *, return_attention: bool = False, training: bool | None = None
@@ -772,11 +811,13 @@ class Transformer(keras.Model):
     def logits(self, y: Any) -> Any:
         """Section 3.4: the pre-softmax linear transformation y W_out (+ b); tied: W_out = E^T."""
         c = self.config
+        # rosetta: embeddings
         if c.tie_output:
             table = self.decoder.embedding.embeddings  # (V, d)
             logits = ops.einsum("btd,vd->btv", y, table)
         else:
             logits = ops.matmul(y, self.output_kernel)
+        # rosetta: end
         if c.output_bias:
             logits = logits + self.output_bias
         return logits  # (B, T, V)

@@ -71,10 +71,12 @@ def loss_and_grads(model: Transformer, src: Any, tgt_in: Any, tgt: Any) -> tuple
     The tape watches each canonical variable once, so a tied tensor's gradient is already the sum
     over its uses. Plain eager code; tf_impl/backend.py runs it as an XLA-compiled tf.function.
     """
+    # rosetta: gradients
     variables = list(variables_by_name(model).values())
     with tf.GradientTape() as tape:
         loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
     grads = tape.gradient(loss, variables)
+    # rosetta: end
     return loss, accuracy, tokens, [_dense(g) for g in grads]
 
 
@@ -137,6 +139,7 @@ class Adam(keras.optimizers.Adam):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad=False, **kwargs)
         self._shared_scalars: dict[str, tuple] | None = None  # see _backend_update_step
 
+    # rosetta: optimizer
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         dtype = variable.dtype
         lr, b1, b2, c1, c2, eps = self._step_scalars(dtype, learning_rate)
@@ -150,6 +153,8 @@ class Adam(keras.optimizers.Adam):
         m_hat = m / c1
         v_hat = v / c2
         self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + eps))
+
+    # rosetta: end
 
     def _backend_update_step(
         self, grads: list, trainable_variables: list, learning_rate: Any

@@ -80,6 +80,7 @@ def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray]) -> Non
     missing = [n for n in shapes if n not in weights]
     if missing:
         raise ValueError(f"missing tensors: {', '.join(missing)}")
+    # rosetta: checkpoints
     for name, variable in variables_by_name(model).items():
         array = np.asarray(weights[name])
         _check_shape(name, array.shape, shapes[name])
@@ -87,6 +88,7 @@ def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray]) -> Non
         # Cast in numpy (round to nearest even, as ml_dtypes does), so that what the model holds
         # is bit for bit what `array.astype(dtype)` gives.
         variable.assign(array.astype(numpy_dtype(variable.dtype)))
+    # rosetta: end
 
 
 def export_canonical(model: Transformer) -> dict[str, np.ndarray]:

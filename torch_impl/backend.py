@@ -147,10 +147,12 @@ class TorchModel:
     ) -> ForwardOutput:
         check_mode(TorchBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
+        # rosetta: compilation
         with torch.inference_mode(), matmul_precision(self.precision):
             src_t = torch.from_numpy(src).to(self.device)
             tgt_t = torch.from_numpy(tgt_in).to(self.device)
             out = self.module(src_t, tgt_t, return_attention=attention)
+        # rosetta: end
 
         def arrays(ts: list[torch.Tensor] | None) -> list[np.ndarray] | None:
             return None if ts is None else [to_numpy(t) for t in ts]
@@ -244,7 +246,9 @@ class TorchBackend:
         its precision around every call (model.matmul_precision) rather than trust torch's
         default, which has changed between releases."""
         check_build_request(self, dtype, device, precision)
+        # rosetta: device
         module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
+        # rosetta: end
         load_canonical(module, {name: _to_torch(w) for name, w in weights.items()})
         return TorchModel(config, module, dtype, device, precision)
 

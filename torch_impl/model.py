@@ -25,6 +25,7 @@ from common.spec.precision import DEFAULT_PRECISION, check_precision
 # -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
 
 
+# rosetta: masks
 def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     """(B, 1, 1, K): a key may be attended iff it is not padding."""
     return (ids != pad_id)[:, None, None, :]
@@ -47,6 +48,9 @@ def decoder_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1], tgt_in.device)
 
 
+# rosetta: end
+
+
 # -- positions, activations, precision ----------------------------------------------------------
 
 
@@ -57,6 +61,7 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
     gets the table to the last bit. Deviation, flagged: layout "concatenated" (tensor2tensor,
     Marian) puts every sin first, then every cos, with the same frequencies.
     """
+    # rosetta: positions
     pos = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)[None, :]  # (1, d/2)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, d/2)
@@ -64,6 +69,7 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
         return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # sin, cos, sin, ...
     if layout == "concatenated":
         return torch.cat([angle.sin(), angle.cos()], dim=-1)
+    # rosetta: end
     raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
@@ -87,6 +93,7 @@ def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
     switches are process-wide, so the previous ones are restored on exit. Only the fp32_precision
     API is used: torch refuses to read a precision set through a mix of it and the legacy
     allow_tf32 flags."""
+    # rosetta: device
     mode = "tf32" if check_precision(precision) == "tf32" else "ieee"
     switches = (torch.backends.cuda.matmul, torch.backends.cudnn)
     saved = [s.fp32_precision for s in switches]
@@ -97,6 +104,7 @@ def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
     finally:
         for switch, value in zip(switches, saved, strict=True):
             switch.fp32_precision = value
+    # rosetta: end
 
 
 # -- attention (Eq. 1) --------------------------------------------------------------------------
@@ -116,12 +124,14 @@ def explicit_attention(
     fully masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
     allowed key (a fully padded source) gets a zero context vector.
     """
+    # rosetta: attention
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     # Softmax in float32 or wider even for bfloat16 scores.
     wide = statistics_dtype(scores.dtype)
     probs = F.softmax(scores, dim=-1, dtype=wide).masked_fill(~mask, 0.0).to(q.dtype)
     return F.dropout(probs, dropout) @ v, probs
+    # rosetta: end
 
 
 def fused_attention(
@@ -134,20 +144,26 @@ def fused_attention(
     """Eq. (1) by F.scaled_dot_product_attention, which never materialises the probabilities.
     Layouts as explicit_attention; returns the context (B, h, T_q, d_k), zero for a query with no
     allowed key."""
+    # rosetta: attention
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
     # kernels (CUDA math/efficient) may return NaN; masked_fill also replaces NaN.
     return context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    # rosetta: end
 
 
 # -- sublayer wiring (section 3.1), shared by both layer kinds ---------------------------------
 
 
+# rosetta: layer_norm
 def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
     """Ba et al. 2016, population variance with eps inside the sqrt, eps from the config (torch's
     default 1e-5 is not the paper's). torch's kernels keep the statistics in float32 for bfloat16
     inputs, on CPU and CUDA alike."""
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+# rosetta: end
 
 
 def residual(
@@ -162,9 +178,11 @@ def residual(
 
     `sublayer` returns (output, extra); extra (attention probabilities, say) is passed through.
     """
+    # rosetta: residual
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out)
     return (x if pre_norm else norm(x)), extra
+    # rosetta: end
 
 
 # -- layers -----------------------------------------------------------------------------------
@@ -182,16 +200,21 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d, bias = config.d_model, config.attention_bias
         self.h, self.d_k = config.num_heads, config.head_dim
+        # rosetta: parameters
         # The h per-head projections W^Q_i are one (d, h * d_k) matrix; heads are split after it.
         self.query = nn.Linear(d, d, bias=bias)
         self.key = nn.Linear(d, d, bias=bias)
         self.value = nn.Linear(d, d, bias=bias)
         self.output = nn.Linear(d, d, bias=bias)
+        # rosetta: end
         self.attention_dropout = config.attention_dropout
 
+    # rosetta: heads
     def _split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
         return x.view(b, length, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    # rosetta: end
 
     def keys_values(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
         """K W^K and V W^V split into heads, (B, h, T_k, d_k) each: what a decode cache keeps."""
@@ -215,13 +238,17 @@ class MultiHeadAttention(nn.Module):
         """
         q = self._split_heads(self.query(x_q))  # (B, h, T_q, d_k)
         k, v = self.keys_values(x_kv) if kv is None else kv  # (B, h, T_k, d_k) each
+        # rosetta: dropout
         p_drop = self.attention_dropout if self.training else 0.0
+        # rosetta: end
         if return_attention:
             context, probs = explicit_attention(q, k, v, mask, p_drop)
         else:
             context, probs = fused_attention(q, k, v, mask, dropout_p=p_drop), None
+        # rosetta: heads
         b, _, t_q, _ = context.shape
         context = context.transpose(1, 2).reshape(b, t_q, self.h * self.d_k)  # (B, T_q, d)
+        # rosetta: end
         return self.output(context), probs
 
 
@@ -280,6 +307,7 @@ class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
     cross_key: Tensor  # (N, h, S, d_k), K W^K of the memory
     cross_value: Tensor  # (N, h, S, d_k)
 
+    # rosetta: cache
     def update(self, key: Tensor, value: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's key and value (N, h, 1, d_k) at position `index` and return every
         position's, (N, h, max_steps, d_k) each (DecoderLayer's self-attention reads them)."""
@@ -287,6 +315,8 @@ class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
         self.self_key.index_copy_(2, where, key)
         self.self_value.index_copy_(2, where, value)
         return self.self_key, self.self_value
+
+    # rosetta: end
 
 
 class DecoderLayer(nn.Module):
@@ -407,9 +437,11 @@ class Stack(nn.Module):
         start None = 0. A decoding step's `start` is the cache's index tensor, read on the device
         from a table of max_steps positions (default max_len) rather than back on the host."""
         c = self.config
+        # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
+        # rosetta: end
         if start is None:
             pe = self._position_table(ids.shape[1])
         else:
@@ -493,13 +525,16 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.encoder = Encoder(config)
+        # rosetta: embeddings
         shared = self.encoder.embedding if config.share_embeddings else None
         self.decoder = Decoder(config, shared)
         self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
         if config.tie_output:
             self.output.weight = self.decoder.embedding.weight  # (V, d): logits = y E^T
+        # rosetta: end
         self.apply(self._init_weights)
 
+    # rosetta: parameters
     def _init_weights(self, module: nn.Module) -> None:
         """tensor2tensor's initialisation (common/weights/init.py, scheme "paper"), in distribution:
         xavier-uniform kernels, zero biases, embeddings N(0, d_model^-0.5) so that after the
@@ -511,6 +546,8 @@ class Transformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
+
+    # rosetta: end
 
     def encode(
         self, src: Tensor, *, return_attention: bool = False

@@ -65,12 +65,14 @@ def compute_loss(
 def _training(model: nn.Module) -> Iterator[None]:
     """model.train() for the block (dropout on, as the config sets it), eval() again after: the
     adapter's model stays in eval mode for forward and decoding."""
+    # rosetta: dropout
     was_training = model.training
     model.train()
     try:
         yield
     finally:
         model.train(was_training)
+    # rosetta: end
 
 
 def loss_and_grads(
@@ -79,11 +81,13 @@ def loss_and_grads(
     """(loss, accuracy, tokens) as compute_loss, the loss detached, and d loss / d weight for
     every canonical tensor; leaves no `.grad` behind, so that it cannot leak into an optimiser
     step."""
+    # rosetta: gradients
     model.zero_grad(set_to_none=True)
     with _training(model):
         loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
         loss.backward()
     grads = {name: g.detach().clone() for name, g in canonical_grads(model).items()}
+    # rosetta: end
     model.zero_grad(set_to_none=True)
     return loss.detach(), accuracy, tokens, grads
 
@@ -116,7 +120,9 @@ def make_optimizer(model: nn.Module) -> torch.optim.Adam:  # idiom: train_step s
     sqrt(v_hat), as common.oracle.training.adam_step does. model.parameters() yields a tied Parameter
     once, so a tied tensor has one set of moments. The learning rate is set before every step
     (train_step), so warmup and factor are train_step's arguments, not this one's."""
+    # rosetta: optimizer
     return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS)
+    # rosetta: end
 
 
 def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -143,6 +149,7 @@ def train_step(  # idiom: torch's optimiser is given each step's rate (step, war
     The rate is written into the optimiser rather than driven by LambdaLR: warmup and factor may
     then differ between calls while the step count runs on over the model's lifetime.
     """
+    # rosetta: optimizer
     lr = noam_schedule(model.config.d_model, warmup, factor)(step)
     _set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
@@ -150,5 +157,6 @@ def train_step(  # idiom: torch's optimiser is given each step's rate (step, war
         loss, _, _ = compute_loss(model, src, tgt_in, tgt)
         loss.backward()
     optimizer.step()
+    # rosetta: end
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()

@@ -93,9 +93,11 @@ def tensor_to_native(spec: TensorSpec, t: Tensor) -> Tensor:
     transposed: attention kernels merge their head axes first, (d, h, d_k) -> (d, h*d_k).
     """
     assert tuple(t.shape) == spec.shape, f"{spec.name}: {tuple(t.shape)} != {spec.shape}"
+    # rosetta: checkpoints
     if spec.role == "kernel":
         return t.reshape(spec.fan_in, spec.fan_out).T.contiguous()  # (out, in)
     return t.reshape(native_shape(spec))  # attention biases (h, d_k) -> (h*d_k,)
+    # rosetta: end
 
 
 # idiom: per tensor, the inverse of tensor_to_native
@@ -145,11 +147,13 @@ def load_canonical(model: nn.Module, weights: Mapping[str, Tensor]) -> None:
         raise ValueError(
             f"canonical weights: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+    # rosetta: checkpoints
     keys = native_name_map(config)
     for spec in canonical_specs(config):
         native, key = tensor_to_native(spec, weights[spec.name]), keys[spec.name]
         assert native.shape == params[key].shape, f"{key}: {native.shape} != {params[key].shape}"
         params[key].copy_(native)  # a tied Parameter is copied once, through its first key
+    # rosetta: end
 
 
 def export_canonical(model: nn.Module) -> dict[str, Tensor]:

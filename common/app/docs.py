@@ -1,8 +1,10 @@
-"""Generates the tables in docs/FORMAT.md from the code, so the doc cannot drift from it.
+"""Generates the docs' tables and pages from the code, so no doc can drift from it.
 
 `python -m common.app.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
-`<!-- END GENERATED: key -->`; `python -m common.app.docs --check` exits 1 if any block is stale
-(the test suite runs the check).
+`<!-- END GENERATED: key -->` in docs/FORMAT.md, PARITY.md, PORTING.md, RELIABILITY.md and
+ROSETTA.md, and docs/rosetta.html whole; `python -m common.app.docs --check` exits 1 if any is
+stale (the test suite runs the check). `--measure [parity|divergences]` first re-measures the
+numbers the tables show.
 """
 
 from __future__ import annotations
@@ -343,12 +345,48 @@ def limits_table() -> str:
 
 
 RELIABILITY_GENERATORS: dict[str, Callable[[], str]] = {"limits": limits_table}
+
+# -- docs/ROSETTA.md and docs/rosetta.html: the idioms side by side, and the divergences ------------
+
+ROSETTA_DOC = DOC.with_name("ROSETTA.md")
+ROSETTA_PAGE = DOC.with_name("rosetta.html")
+
+
+def rosetta_concepts() -> str:
+    """One section per concept of common/app/idioms.py, its three excerpts side by side."""
+    from common.app.rosetta_page import concepts_markdown
+
+    return concepts_markdown()
+
+
+def rosetta_divergences() -> str:
+    """The divergence catalogue, from docs/divergences.json (`--measure divergences`)."""
+    from common.app.divergences import catalogue_table
+
+    return catalogue_table()
+
+
+def rosetta_html() -> str:
+    """docs/rosetta.html, whole: the same excerpts and catalogue as ROSETTA.md, in three columns."""
+    from common.app.rosetta_page import html_page
+
+    return html_page()
+
+
+ROSETTA_GENERATORS: dict[str, Callable[[], str]] = {
+    "concepts": rosetta_concepts,
+    "divergences": rosetta_divergences,
+}
 DOCUMENTS = {
     DOC: GENERATORS,
     PARITY_DOC: PARITY_GENERATORS,
     PORTING_DOC: PORTING_GENERATORS,
     RELIABILITY_DOC: RELIABILITY_GENERATORS,
+    ROSETTA_DOC: ROSETTA_GENERATORS,
 }
+# Files generated whole rather than in blocks.
+WHOLE_FILES: dict[Path, Callable[[], str]] = {ROSETTA_PAGE: rosetta_html}
+MEASURE_KINDS = ("parity", "divergences")
 
 
 def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
@@ -364,19 +402,42 @@ def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> 
     return text
 
 
+def _measure_kinds(argv: list[str]) -> list[str]:
+    """What `--measure [parity|divergences]` asks for: the one named, or both."""
+    if "--measure" not in argv:
+        return []
+    at = argv.index("--measure")
+    named = argv[at + 1] if at + 1 < len(argv) and not argv[at + 1].startswith("--") else None
+    if named is None:
+        return list(MEASURE_KINDS)
+    if named not in MEASURE_KINDS:
+        raise SystemExit(f"--measure: unknown {named!r}; give {' or '.join(MEASURE_KINDS)}")
+    return [named]
+
+
 def main(argv: list[str]) -> int:
-    """`--check`: exit 1 if a doc is stale. `--measure`: first run `rosetta parity --json` for
-    each dtype and save the reports to docs/parity_measurements.json."""
-    if "--measure" in argv:
+    """`--check`: exit 1 if a generated doc is stale. `--measure [parity|divergences]` (both when
+    none is named) first measures: parity runs `rosetta parity --json` for each dtype into
+    docs/parity_measurements.json; divergences runs common/app/divergences.py into
+    docs/divergences.json."""
+    kinds = _measure_kinds(argv)
+    if "parity" in kinds:
         import json
 
         text = json.dumps(measure_parity(), indent=1)
         atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {MEASUREMENTS}")
+    if "divergences" in kinds:
+        from common.app.divergences import write_measurements
+
+        print(f"wrote {write_measurements()}")
     stale = []
-    for doc, generators in DOCUMENTS.items():
-        current = doc.read_text()
-        fresh = render(current, generators)
+    fresh_texts = {
+        doc: render(doc.read_text(), generators) for doc, generators in DOCUMENTS.items()
+    }
+    fresh_texts.update({path: generate() for path, generate in WHOLE_FILES.items()})
+    for doc, fresh in fresh_texts.items():
+        current = doc.read_text() if doc.exists() else None
         if fresh != current:
             stale.append(doc)
             if "--check" not in argv:

@@ -26,10 +26,11 @@ Weights = Mapping[str, np.ndarray]
 
 
 def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """Layer normalisation (Ba et al. 2016) over the last axis.
+    """Layer normalisation (Ba et al. 2016) over the last axis: the paper's LayerNorm, section 3.1.
 
     (x - mean) / sqrt(var + eps) * scale + bias, with the population variance and eps inside the
     square root (the Annotated Transformer adds eps to the std instead; we do not).
+    docs/FORMAT.md, "The computation", step 3.
     """
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
@@ -71,6 +72,7 @@ def sinusoidal_positions(length: int, d_model: int, layout: str = "interleaved")
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The softmax of Eq. (1), over `axis`, shifted by the maximum first (rounding only)."""
     shifted = x - x.max(axis=axis, keepdims=True)
     e = np.exp(shifted)
     return e / e.sum(axis=axis, keepdims=True)
@@ -123,6 +125,7 @@ def feed_forward(w: Weights, prefix: str, x: np.ndarray, act: str) -> np.ndarray
 
 
 def norm(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
+    """layer_norm with the stored `{prefix}.scale` and `{prefix}.bias` and the config's eps."""
     return layer_norm(x, w[f"{prefix}.scale"], w[f"{prefix}.bias"], c.layer_norm_eps)
 
 
@@ -142,7 +145,10 @@ def residual(
 def embed(
     w: Weights, table: str, position_table: str, ids: np.ndarray, c: TransformerConfig
 ) -> np.ndarray:
-    """Section 3.4 and 3.5: E[ids] * sqrt(d_model) + PE[positions], positions 0..L-1."""
+    """Section 3.4 and 3.5: E[ids] * sqrt(d_model) + PE[positions], positions 0..L-1.
+
+    The scale (when scale_embeddings) multiplies the token embedding only: sinusoidal or learned,
+    the positions are added unscaled."""
     x = w[table][ids]  # (B, L, d)
     if c.scale_embeddings:
         x = x * np.sqrt(c.d_model)
@@ -161,6 +167,9 @@ def encode(
     w: Weights, c: TransformerConfig, src: np.ndarray
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """Section 3.1, encoder: N layers of [self-attention, feed-forward], each in a residual.
+
+    The final LayerNorm (config.final_norm) follows the last layer in post-norm and pre-norm
+    alike, and the memory is taken after it.
 
     Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
     output and each layer's output, before the final norm)."""
@@ -188,7 +197,8 @@ def decode(
     w: Weights, c: TransformerConfig, tgt_in: np.ndarray, memory: np.ndarray, src: np.ndarray
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Section 3.1, decoder: N layers of [masked self-attention, cross-attention over the encoder
-    output, feed-forward]. Returns (output (B, T, d), self probs, cross probs, hidden states)."""
+    output, feed-forward], then the final LayerNorm when config.final_norm (either norm position).
+    Returns (output (B, T, d), self probs, cross probs, hidden states)."""
     self_mask = decoder_self_mask(tgt_in, c.pad_id)
     memory_mask = key_padding_mask(src, c.pad_id)
     x = embed(w, embedding_names(c)["target"], "decoder.position_embedding", tgt_in, c)
@@ -237,7 +247,8 @@ def forward(
     *,
     hidden_states: bool = False,
 ) -> ForwardOutput:
-    """The whole model in float64: logits (B, T, V), encoder output and every attention map.
+    """The whole model in float64, in eval mode (no dropout): logits (B, T, V), encoder output
+    and every attention map. docs/FORMAT.md, "The computation", states it equation by equation.
 
     `src` and `tgt_in` are int arrays (B, S) and (B, T); `tgt_in` is the decoder input, i.e. the
     target already shifted right behind BOS (common.spec.masks.shift_right).

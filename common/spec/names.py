@@ -70,7 +70,8 @@ def embedding_names(c: TransformerConfig) -> dict[str, str]:
 
 def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
     """Every tensor of a model with config `c`, in a fixed order (embeddings, encoder, decoder,
-    output). This order is the order of docs/FORMAT.md's table and of every file we write."""
+    output): the order of docs/FORMAT.md's table and of what load_weights returns. A file's
+    own order is safetensors' (by name; docs/FORMAT.md, "Order inside the file")."""
     d = c.d_model
     emb = embedding_names(c)
     specs: list[TensorSpec] = []

@@ -401,7 +401,8 @@ def save_weights(
     *,
     task: str | None = None,
 ) -> None:
-    """Validate `tensors` against `config`, then write them atomically in canonical order.
+    """Validate `tensors` against `config`, then write them atomically (safetensors orders them
+    by name; readers rely on names only).
     `task` names the common.app.tasks task a trained model belongs to (metadata key "task")."""
     path = Path(path)
     arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}

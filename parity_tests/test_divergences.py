@@ -1,0 +1,414 @@
+"""The divergence catalogue (common/app/divergences.py, docs/divergences.json, the table in
+docs/ROSETTA.md).
+
+- Every registry entry has its record in docs/divergences.json, with the same text, so an entry
+  changed without measuring again fails here.
+- The cheap entries (seconds each) are measured again and must give the recorded number (within
+  the entry's rtol). The slow ones (Flax's eager float64 forwards, ~9 s the first; Keras training
+  runs, ~5 s each) are `slow`.
+- Facts the catalogue states are derived here independently: from the frameworks' signatures,
+  from the float64 oracle, or from small cases worked out by hand. No expected number is taken
+  from the code under test; the catalogue's numbers are measurements, not assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from common.adapter.backends import unavailable_reason
+from common.app import divergences
+from common.app.divergences import (
+    FRAMEWORK_NAMES,
+    MEASURE_COMMAND,
+    RECORD_KEYS,
+    REGISTRY,
+    catalogue_table,
+    load_catalogue,
+)
+from common.oracle import reference
+from common.spec.config import preset
+from common.spec.inputs import ragged_batch
+from common.spec.tolerances import atol_for
+from common.weights.init import init_weights
+from parity_tests.conftest import backend_or_skip
+
+STALE = f"run {MEASURE_COMMAND}"
+BY_KEY = {d.key: d for d in REGISTRY}
+
+
+def recorded() -> dict[str, dict]:
+    return {row["key"]: row for row in load_catalogue()}
+
+
+def value_of(key: str) -> float:
+    """The recorded value of entry `key` (NaN for a recorded NaN)."""
+    value = recorded()[key]["value"]
+    return math.nan if value is None else value
+
+
+def framework_or_skip(name: str | None) -> None:
+    reason = None if name is None else unavailable_reason(name)
+    if reason is not None:
+        pytest.skip(f"backend {name}: {reason}")
+
+
+# -- the JSON matches the registry -----------------------------------------------------------------
+
+
+def test_every_entry_has_its_record_with_the_same_text():
+    rows = load_catalogue()
+    assert rows, f"{divergences.MEASUREMENTS} is missing or empty: {STALE}"
+    assert [r["key"] for r in rows] == [d.key for d in REGISTRY], (
+        f"docs/divergences.json lists other entries than the registry: {STALE}"
+    )
+    for row, divergence in zip(rows, REGISTRY, strict=True):
+        assert tuple(row) == RECORD_KEYS, f"{row['key']}: keys {tuple(row)}: {STALE}"
+        for field, text in divergence.text().items():
+            assert row[field] == text, f"{row['key']}: {field} changed: {STALE}"
+        value = row["value"]
+        assert value is None or (isinstance(value, float) and math.isfinite(value))
+        # The shown text starts with the value as the entry formats it (then a note, if any).
+        shown = divergence.show(math.nan if value is None else value)
+        assert row["shown"].startswith(shown), f"{row['key']}: shown {row['shown']!r}: {STALE}"
+
+
+def test_registry_entries_are_well_formed():
+    keys = [d.key for d in REGISTRY]
+    assert len(set(keys)) == len(keys)
+    for d in REGISTRY:
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", d.key), d.key
+        assert d.framework in FRAMEWORK_NAMES, d.key
+        assert d.cost in ("cheap", "slow"), d.key
+        assert d.needs in (None, "torch", "tf", "jax"), d.key
+        assert all(d.text().values()), f"{d.key}: an empty text"
+    with pytest.raises(ValueError, match="framework 'Torch' is not one of"):
+        divergences.entry("x", "t", "Torch", "d", "o", "e", needs=None)
+
+
+def test_the_table_has_one_row_per_record_and_is_deterministic():
+    rows = load_catalogue()
+    table = catalogue_table()
+    assert table == catalogue_table(rows) == catalogue_table()
+    lines = table.splitlines()
+    assert (
+        lines[0] == "| topic | framework | default | this project | effect of keeping the default |"
+    )
+    assert len(lines) == 2 + len(rows)
+    for line, row in zip(lines[2:], rows, strict=True):
+        cells = re.split(r"(?<!\\)\|", line)[1:-1]  # pipes inside a cell are escaped
+        assert len(cells) == 5, line
+        assert cells[-1].replace("\\|", "|").strip().startswith(f"**{row['shown']}**")
+
+
+def test_the_table_without_measurements_says_how_to_measure(tmp_path):
+    assert load_catalogue(tmp_path / "none.json") == []
+    assert MEASURE_COMMAND in catalogue_table([])
+
+
+def test_write_measurements_writes_json_with_nan_as_null(tmp_path, monkeypatch):
+    fake = []
+    monkeypatch.setattr(divergences, "REGISTRY", fake)
+    divergences.entry("a_nan", "t", "PyTorch", "d", "o", "e", needs=None)(lambda: math.nan)
+    divergences.entry("a_note", "t", "JAX", "d", "o", "e", needs=None)(lambda: (0.0, "x: 1"))
+    divergences.entry(
+        "a_value",
+        "t",
+        "Keras",
+        "d",
+        "o",
+        "e",
+        needs=None,
+        show=divergences._uniform_or_scientific(4),
+    )(lambda: 0.25)
+    seen = []
+    path = divergences.write_measurements(tmp_path / "d.json", progress=seen.append)
+    assert seen == ["[1/3] a_nan", "[2/3] a_note", "[3/3] a_value"]
+    rows = json.loads(path.read_text())
+    assert [r["value"] for r in rows] == [None, 0.0, 0.25]
+    assert [r["shown"] for r in rows] == ["NaN", "0 (exact) (x: 1)", "uniform 1/4 = 0.25"]
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"]  # no temp folder left
+    assert divergences.scientific(3.14159e-4) == "3.1e-04"
+
+
+# -- measured again --------------------------------------------------------------------------------
+
+
+def _params(cost: str) -> list:
+    marks = [pytest.mark.slow] if cost == "slow" else []
+    return [pytest.param(d, id=d.key, marks=marks) for d in REGISTRY if d.cost == cost]
+
+
+def _measure_again(divergence: divergences.Divergence) -> None:
+    framework_or_skip(divergence.needs)
+    if divergence.needs is not None:
+        backend_or_skip(divergence.needs)
+    row = recorded().get(divergence.key)
+    assert row is not None, f"{divergence.key} is not in docs/divergences.json: {STALE}"
+    measured = divergence.record()
+    want = row["value"]
+    if want is None:
+        assert measured["value"] is None, f"{divergence.key}: NaN recorded, measured {measured}"
+        return
+    got = measured["value"]
+    assert got is not None and math.isclose(got, want, rel_tol=divergence.rtol, abs_tol=0.0), (
+        f"{divergence.key}: measured {got!r}, recorded {want!r} (rtol {divergence.rtol}): {STALE}"
+    )
+
+
+@pytest.mark.parametrize("divergence", _params("cheap"))
+def test_cheap_entries_measure_what_is_recorded(divergence):
+    _measure_again(divergence)
+
+
+@pytest.mark.parametrize("divergence", _params("slow"))
+def test_slow_entries_measure_what_is_recorded(divergence):
+    """slow: a Flax model's first eager float64 forward compiles every op (~9 s on 2 cores), and
+    each Keras training run traces a step and takes 20 of them (~5 s)."""
+    _measure_again(divergence)
+
+
+# -- facts the catalogue states, derived independently ---------------------------------------------
+
+
+def test_the_frameworks_defaults_are_the_ones_the_catalogue_names():
+    import inspect
+
+    def default(f, name):
+        return inspect.signature(f).parameters[name].default
+
+    if unavailable_reason("torch") is None:
+        import torch
+
+        assert default(torch.nn.LayerNorm, "eps") == 1e-5
+        assert "1e-5" in BY_KEY["layer_norm_eps_torch"].default
+    if unavailable_reason("tf") is None:
+        backend_or_skip("tf")
+        import keras
+
+        assert default(keras.layers.LayerNormalization, "epsilon") == 1e-3
+        assert default(keras.ops.gelu, "approximate") is True
+        assert default(keras.optimizers.Adam, "epsilon") == 1e-7
+        assert "1e-3" in BY_KEY["layer_norm_eps_keras"].default
+        assert "1e-7" in BY_KEY["adam_default_epsilon_keras"].default
+    if unavailable_reason("jax") is None:
+        backend_or_skip("jax")
+        import jax
+        from flax import nnx
+
+        assert default(nnx.LayerNorm.__init__, "epsilon") == 1e-6
+        assert default(nnx.LayerNorm.__init__, "use_fast_variance") is True
+        assert default(jax.nn.gelu, "approximate") is True
+
+
+def _oracle_logit_effect(**default_vs_ours: tuple) -> float:
+    """max |Δ logits| of the float64 oracle between two configs, on the catalogue's inputs
+    (tiny preset, perturbed seed-0 weights, rosetta parity's batch)."""
+    ((field, (theirs, ours)),) = default_vs_ours.items()
+    configs = [preset("tiny").replace(**{field: v}) for v in (theirs, ours)]
+    weights = init_weights(configs[0], seed=0, scheme="perturbed", dtype="float64")
+    src, tgt_in = ragged_batch(configs[0], batch=4, src_len=9, tgt_len=7, seed=0)
+    a, b = (reference.forward(weights, c, src, tgt_in).logits for c in configs)
+    return float(np.max(np.abs(a - b)))
+
+
+def test_the_layer_norm_rows_are_the_formulas_effect_and_grow_with_epsilon():
+    """The oracle with eps changed gives the same numbers as the frameworks' models: each row is
+    the epsilon's effect and nothing else. Torch's (1e-5 for 1e-6) and Flax's (1e-6 for 1e-5)
+    rows swap the same two values, so they must agree; Keras's 1e-3 moves the logits more."""
+    torch_row = value_of("layer_norm_eps_torch")
+    keras_row = value_of("layer_norm_eps_keras")
+    assert keras_row > torch_row > 0
+    assert math.isclose(value_of("layer_norm_eps_flax"), torch_row, rel_tol=1e-9)
+    assert math.isclose(_oracle_logit_effect(layer_norm_eps=(1e-5, 1e-6)), torch_row, rel_tol=1e-9)
+    assert math.isclose(_oracle_logit_effect(layer_norm_eps=(1e-3, 1e-6)), keras_row, rel_tol=1e-9)
+
+
+def test_the_gelu_rows_are_the_tanh_forms_effect():
+    """The oracle's own tanh form (exact constants) against its erf form gives the JAX row; the
+    Keras row is the same up to Keras's constants passing through float32 (the TF row's size)."""
+    oracle = _oracle_logit_effect(activation=("gelu_tanh", "gelu"))
+    assert math.isclose(value_of("gelu_approximate_jax"), oracle, rel_tol=1e-9)
+    keras_row = value_of("gelu_approximate_keras")
+    assert abs(keras_row - oracle) <= 10 * value_of("gelu_float32_constants_tf")
+    assert 0 < value_of("gelu_float32_constants_tf") < atol_for("float32")
+
+
+def test_a_minus_infinity_row_softmaxes_to_nan_in_torch():
+    backend_or_skip("torch")
+    import torch
+
+    row = torch.full((5,), float("-inf"))
+    assert torch.isnan(torch.softmax(row, dim=-1)).all()
+    assert math.isnan(value_of("masked_row_softmax_torch"))
+
+
+@pytest.mark.parametrize("keys", [3, 5])
+def test_fused_kernels_average_a_fully_masked_row_uniformly(keys):
+    """jax.nn.dot_product_attention and keras.ops.dot_product_attention give a query with no
+    allowed key 1/n of every value (values = identity, so each output is its key's weight); the
+    catalogue measures n = 4."""
+    v = np.eye(keys, dtype=np.float32)[None, :, None, :]  # (B, T, N, H)
+    q = np.ones((1, 1, 1, keys), np.float32)
+    k = np.arange(keys * keys, dtype=np.float32).reshape(1, keys, 1, keys)  # unequal scores
+    mask = np.zeros((1, 1, 1, keys), bool)
+    outputs = {}
+    if unavailable_reason("jax") is None:
+        backend_or_skip("jax")
+        import jax
+
+        outputs["jax"] = np.asarray(jax.nn.dot_product_attention(q, k, v, mask=mask))
+    if unavailable_reason("tf") is None:
+        backend_or_skip("tf")
+        from keras import ops
+
+        outputs["keras"] = ops.convert_to_numpy(ops.dot_product_attention(q, k, v, mask=mask))
+    if not outputs:
+        pytest.skip("neither jax nor tf is installed")
+    for name, out in outputs.items():
+        np.testing.assert_allclose(out, np.full_like(out, 1.0 / keys), rtol=1e-6, err_msg=name)
+    for key in ("masked_row_jax", "masked_row_keras"):
+        assert recorded()[key]["shown"] == "uniform 1/4 = 0.25"
+
+
+def test_keras_stock_adam_puts_epsilon_before_the_bias_correction():
+    """One step of keras.optimizers.Adam on one weight is, by hand,
+    w - lr sqrt(1 - b2) / (1 - b1) * m / (sqrt(v) + eps), m = (1 - b1) g, v = (1 - b2) g^2;
+    ours (tf_impl/train.py) is the oracle's adam_step. With g = 1e-9 ~ eps they differ by a
+    large fraction of a step, which is the catalogue's nonzero placement effect."""
+    backend_or_skip("tf")
+    import keras
+    import tensorflow as tf
+
+    from common.oracle.training import ADAM_EPS, adam_step, noam_learning_rate
+    from tf_impl.train import Adam, noam_schedule
+
+    # The rate as a float64 schedule, as in training (a Python float would be a float32 variable).
+    d_model, warmup = 16, 10
+    lr = noam_learning_rate(1, d_model, warmup)
+    (b1, b2), g, w0 = (0.9, 0.98), 1e-9, 0.5
+    steps = {}
+    for name, optimizer in (
+        ("stock", keras.optimizers.Adam(noam_schedule(d_model, warmup), b1, b2, ADAM_EPS)),
+        ("ours", Adam(noam_schedule(d_model, warmup))),
+    ):
+        w = keras.Variable(np.array([w0]), dtype="float64")
+        optimizer.apply([tf.constant([g], tf.float64)], [w])
+        steps[name] = float(keras.ops.convert_to_numpy(w)[0])
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    by_hand = w0 - lr * math.sqrt(1 - b2) / (1 - b1) * m / (math.sqrt(v) + ADAM_EPS)
+    assert math.isclose(steps["stock"], by_hand, rel_tol=1e-6)  # betas pass through float32
+    oracle = adam_step(np.array([w0]), np.array([g]), np.zeros(1), np.zeros(1), step=1, lr=lr)[0]
+    assert steps["ours"] == pytest.approx(float(oracle[0]), abs=1e-15)
+    assert abs(steps["stock"] - steps["ours"]) > 0.1 * lr  # the placement moves this step by 10%+
+    for key in (
+        "adam_epsilon_placement_keras",
+        "adam_float32_betas_tf",
+        "adam_default_epsilon_keras",
+    ):
+        assert value_of(key) > 0
+
+
+def test_the_tf32_rounding_and_its_size():
+    """round_to_tf32 agrees with test_devices.py's bit rounding (away from ties) and keeps 11
+    significant bits; the emulated TF32 effect lies above the float32 bound and within TF32's."""
+    from parity_tests.test_devices import round_to_tf32 as bitwise
+
+    x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    tie = (x.view(np.uint32) & np.uint32(0x1FFF)) == 0x1000
+    ours = divergences.round_to_tf32(x)
+    np.testing.assert_array_equal(ours[~tie], bitwise(x)[~tie].astype(np.float64))
+    assert np.all(np.abs(ours - x) <= np.abs(x) * 2.0**-11)
+    # The emulated oracle rounds matmul and einsum operands only.
+    a = np.array([[1.0 + 2.0**-12]]).view(divergences._TF32Products)
+    assert float(np.asarray(a @ np.ones((1, 1)))[0, 0]) == 1.0
+    assert float(np.asarray(np.einsum("ij,jk->ik", a, np.ones((1, 1))))[0, 0]) == 1.0
+    assert float(np.asarray(a + 0.0)[0, 0]) == 1.0 + 2.0**-12
+    tf32 = value_of("tf32_jax")
+    assert tf32 == value_of("tf32_tf")
+    assert atol_for("float32") < tf32 < atol_for("float32", precision="tf32")
+
+
+def test_fast_variance_cancels_at_a_large_offset():
+    """In float32, E[x^2] - E[x]^2 of N(1e3, 1) loses the variance (both terms ~1e6, ulp 0.06);
+    E[(x - mean)^2] keeps it. Worked in numpy, without Flax."""
+    x = divergences.layer_norm_offset_inputs(np.float32)
+    exact = np.asarray(x, np.float64).var(axis=-1)
+    mean = x.mean(axis=-1, keepdims=True, dtype=np.float32)
+    fast = (x * x).mean(axis=-1, dtype=np.float32) - (mean * mean)[:, 0]
+    two_pass = ((x - mean) ** 2).mean(axis=-1, dtype=np.float32)
+    assert np.max(np.abs(two_pass - exact) / exact) < 1e-4
+    assert np.max(np.abs(fast - exact) / exact) > 1e-2
+    assert value_of("fast_variance_offset") > 100 * atol_for("float32")
+
+
+def test_tf_bfloat16_products_truncate_and_einsum_accumulates_in_bfloat16():
+    """tf.matmul on bfloat16 (CPU) is the float32 product cut to bfloat16 (its top 16 bits);
+    tf.einsum's error is well past two roundings; torch's is one rounding."""
+    backend_or_skip("tf")
+    import ml_dtypes
+    import tensorflow as tf
+
+    a, b = divergences.bf16_operands()
+    f32 = a.astype(np.float32) @ b.astype(np.float32)
+    truncated = (f32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    with tf.device("/CPU:0"):
+        got = tf.matmul(tf.constant(a), tf.constant(b)).numpy().astype(np.float32)
+    assert np.array_equal(got, truncated)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    once = float(np.max(np.abs(exact.astype(ml_dtypes.bfloat16).astype(np.float64) - exact)))
+    assert value_of("bf16_einsum_tf") > 4 * once
+    assert once < value_of("bf16_matmul_tf") <= 2 * once * 1.01
+    if unavailable_reason("torch") is None:
+        import torch
+
+        def t(x):
+            return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+
+        torch_error = float(np.max(np.abs((t(a) @ t(b)).float().numpy() - exact)))
+        assert torch_error <= once * 1.01
+
+
+def test_bfloat16_softmax_rows_are_worse_than_one_rounding():
+    for key in ("bf16_softmax_jax", "bf16_softmax_keras"):
+        shown = recorded()[key]["shown"]
+        once = float(re.search(r"one rounding: ([0-9.e+-]+)", shown).group(1))
+        assert value_of(key) > once, key
+
+
+def test_stock_einsum_dense_adds_a_per_head_bias_along_the_sequence():
+    """The case behind the catalogue's bias row, worked by hand: (B, T, h, d_k) = (1, 2, 2, 1)
+    with T = h. Stock EinsumDense adds bias[i] at sequence position i (tf.nn.bias_add, NCHW);
+    HeadProjection adds bias[i] to head i, as numpy broadcasting does."""
+    backend_or_skip("tf")
+    import keras
+
+    from tf_impl.model import HeadProjection
+
+    x = np.array([[[1.0, 2.0], [3.0, 4.0]]])
+    kernel = np.array([[[1.0], [0.0]], [[0.0], [1.0]]])  # (d, h, k): head i reads feature i
+    bias = np.array([[10.0], [20.0]])  # (h, k)
+    product = np.einsum("btd,dnk->btnk", x, kernel)
+    outputs = {}
+    for cls in (keras.layers.EinsumDense, HeadProjection):
+        layer = cls("btd,dnk->btnk", (None, 2, 1), bias_axes="nk", dtype="float64")
+        layer.build((None, None, 2))
+        layer.kernel.assign(kernel)
+        layer.bias.assign(bias)
+        outputs[cls] = keras.ops.convert_to_numpy(layer(x))
+    np.testing.assert_array_equal(outputs[HeadProjection], product + bias[None, None, :, :])
+    np.testing.assert_array_equal(
+        outputs[keras.layers.EinsumDense], product + bias[:, 0][None, :, None, None]
+    )
+    assert value_of("einsum_dense_bias_keras") > atol_for("float32")
+
+
+def test_nn_transformer_fast_path_row_differs_at_padding_only():
+    assert value_of("nn_transformer_fast_path") > 0.1
+    shown = recorded()["nn_transformer_fast_path"]["shown"]
+    real = float(re.search(r"real positions: ([0-9.e+-]+)", shown).group(1))
+    assert real <= atol_for("float64")
