@@ -140,10 +140,13 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
 
 
 # rosetta: layer_norm
-def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module:
     """Ba et al. 2016, as the oracle: population variance, eps inside the sqrt, eps from the
     config (Flax's default is 1e-6), and E[(x - mean)^2] rather than Flax's default
-    E[x^2] - mean^2, which cancels badly. Flax keeps the statistics in float32 for bfloat16."""
+    E[x^2] - mean^2, which cancels badly. Flax keeps the statistics in float32 for bfloat16.
+    norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    if config.norm_kind == "std_plus_eps":
+        return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, dtype=dtype)
     return nnx.LayerNorm(
         config.d_model,
         epsilon=config.layer_norm_eps,
@@ -157,10 +160,27 @@ def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -
 # rosetta: end
 
 
+class StdPlusEpsNorm(nnx.Module):
+    """The Annotated Transformer's LayerNorm: scale * (x - mean) / (std + eps) + bias, with the
+    unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
+    Parameters are named as nnx.LayerNorm's (scale, bias): the same state paths."""
+
+    def __init__(self, d_model: int, eps: float, *, dtype: jnp.dtype) -> None:
+        self.scale = nnx.Param(jnp.ones((d_model,), dtype))
+        self.bias = nnx.Param(jnp.zeros((d_model,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Statistics in float32 or wider (bfloat16 inputs), as nnx.LayerNorm keeps them.
+        y = x.astype(statistics_dtype(x.dtype))
+        y = (y - y.mean(-1, keepdims=True)) / (y.std(-1, ddof=1, keepdims=True) + self.eps)
+        return (self.scale[...] * y + self.bias[...]).astype(x.dtype)
+
+
 def residual(
     x: jax.Array,
     sublayer: Callable[[jax.Array], tuple[jax.Array, Any]],
-    norm: nnx.LayerNorm,
+    norm: nnx.Module,
     dropout: nnx.Dropout,
     pre_norm: bool,
 ) -> tuple[jax.Array, Any]:

@@ -32,15 +32,34 @@ POSITIONS = {
     "sin-concatenated": ("sinusoidal", "concatenated"),
     "learned": ("learned", "interleaved"),
 }
+# post/pre x activations x position kinds x sharing/tying x attention bias: 108 configs.
+FACTORS = (
+    ("post", "pre"),
+    ("relu", "gelu", "gelu_tanh"),
+    tuple(POSITIONS),
+    tuple(EMBEDDINGS),
+    (True, False),
+)
 # Special ids that are neither 0 nor the defaults (pad 0, BOS 1, EOS 2), for the GELU third of
 # the grid: a literal 0 (or 1, 2) written where the config's id belongs shows there, and 0 is an
 # ordinary token that must not be masked.
 OTHER_IDS = {"pad_id": 3, "bos_id": 4, "eos_id": 5}
 
 
+# d_k = 5 while d_model / h = 6: the projections are not square (h d_k = 10 != d_model = 12), so
+# a d_model written where h * d_k belongs shows. Rides along on a third of the grid.
+OTHER_KEY_DIM = 5
+
+
+def _levels(norm: str, act: str, pos: str, emb: str, bias: bool) -> list[int]:
+    """Each factor's level as its index in FACTORS."""
+    return [FACTORS[i].index(v) for i, v in enumerate((norm, act, pos, emb, bias))]
+
+
 def variant(norm: str, act: str, pos: str, emb: str, bias: bool) -> TransformerConfig:
     share, tie = EMBEDDINGS[emb]
     kind, layout = POSITIONS[pos]
+    levels = _levels(norm, act, pos, emb, bias)
     vocab = {"tgt_vocab_size": TINY["src_vocab_size"]} if share else {}
     return TransformerConfig(
         **{
@@ -59,6 +78,12 @@ def variant(norm: str, act: str, pos: str, emb: str, bias: bool) -> TransformerC
             "scale_embeddings": act != "gelu",
             # And the special ids, for a third of it (every level of the other factors).
             **(OTHER_IDS if act == "gelu" else {}),
+            # The Annotated Transformer's norm where the levels' indices sum to an odd number:
+            # half of the grid, with every level of every factor on both sides.
+            "norm_kind": "std_plus_eps" if sum(levels) % 2 else "layer_norm",
+            # A key_dim that is not d_model / h where position and embedding levels agree (a
+            # third of the grid, every level of every factor).
+            "key_dim": OTHER_KEY_DIM if levels[2] == levels[3] else None,
         }
     )
 
@@ -67,14 +92,6 @@ def _id(norm: str, act: str, pos: str, emb: str, bias: bool) -> str:
     return f"{norm}-{act}-{pos}-{emb}-{'bias' if bias else 'nobias'}"
 
 
-# post/pre x activations x position kinds x sharing/tying x attention bias: 108 configs.
-FACTORS = (
-    ("post", "pre"),
-    ("relu", "gelu", "gelu_tanh"),
-    tuple(POSITIONS),
-    tuple(EMBEDDINGS),
-    (True, False),
-)
 FULL_GRID: dict[str, TransformerConfig] = {
     _id(*key): variant(*key) for key in itertools.product(*FACTORS)
 }

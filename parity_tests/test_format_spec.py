@@ -42,7 +42,7 @@ from common.weights.format import load_weights, save_weights
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(__file__).parent / "vectors"
 FORMAT_MD = ROOT / "docs" / "FORMAT.md"
-NAMES = ["post_ln_shared", "pre_ln_untied", "post_ln_tied_concat"]
+NAMES = ["post_ln_shared", "pre_ln_untied", "post_ln_tied_concat", "pre_std_plus_eps_key_dim"]
 FORMAT_ATOL = 1e-12  # see the module docstring: measured 2.2e-15
 CHOICE_MATTERS = 1e-8  # every wrong alternative moves the logits by more (smallest: 1.6e-6)
 
@@ -60,8 +60,10 @@ class Reading:
     scale_positions: bool = False  # 2: s * E[ids] + P, not s * (E[ids] + P)
     position_start: int = 0  # 2: positions 0 .. L-1
     sinusoid_d: str = "d_model"  # 2: the d of Eq. (5) ("d_k" is wrong)
-    unbiased_variance: bool = False  # 3: var divides by d
-    eps_outside_sqrt: bool = False  # 3: sqrt(var + eps)
+    # 3: var divides by d, sqrt(var + eps); with norm_kind "std_plus_eps" by d - 1, std + eps.
+    # True reads the other way round (wrong in both kinds).
+    unbiased_variance: bool = False
+    eps_outside_sqrt: bool = False
     score_scale: str = "d_k"  # 4: 1 / sqrt(d_k) ("d_model" is wrong)
     head_order: str = "major"  # 4: head n owns columns n*d_k .. (n+1)*d_k - 1 ("minor": n::h)
     mask_pad_queries: bool = False  # 4: only keys are masked
@@ -120,7 +122,7 @@ def doc_forward(
     """logits, encoder_output and every attention map under their vector names."""
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     d, h = c.d_model, c.num_heads
-    d_k = d // h
+    d_k = c.key_dim if c.key_dim is not None else d // h
     rng = np.random.default_rng(0)
     out: dict[str, np.ndarray] = {}
 
@@ -129,14 +131,18 @@ def doc_forward(
             return x
         return x * (rng.random(x.shape) >= r.train_dropout) / (1.0 - r.train_dropout)
 
-    # 3. LayerNorm: biased variance, eps inside the square root.
+    # 3. LayerNorm: biased variance, eps inside the square root; norm_kind "std_plus_eps":
+    # unbiased, eps added to the std.
+    std_plus_eps = c.norm_kind == "std_plus_eps"
+
     def ln(x: np.ndarray, name: str) -> np.ndarray:
         mean = x.mean(axis=-1, keepdims=True)
         dev = x - mean
-        var = (dev**2).sum(axis=-1, keepdims=True) / (d - 1 if r.unbiased_variance else d)
+        unbiased = std_plus_eps != r.unbiased_variance
+        var = (dev**2).sum(axis=-1, keepdims=True) / (d - 1 if unbiased else d)
         denom = (
             np.sqrt(var) + c.layer_norm_eps
-            if r.eps_outside_sqrt
+            if std_plus_eps != r.eps_outside_sqrt
             else np.sqrt(var + c.layer_norm_eps)
         )
         return w[f"{name}.scale"] * dev / denom + w[f"{name}.bias"]

@@ -220,7 +220,7 @@ def test_mapping_table_covers_every_canonical_tensor(saved):
     assert (
         "model.encoder.layers.0.self_attn.q_proj.weight",
         "encoder.layers.0.self_attention.query.kernel",
-        marian.TRANSFORMS["heads_in"].describe,
+        "transposed ([out, in] -> [in, out]), then split into heads",
     ) in rows
     assert {r[0] for r in rows} >= set(marian.POSITION_KEYS)
     read = [r[0] for r in rows if not r[2].startswith("read only")]  # fallbacks may repeat

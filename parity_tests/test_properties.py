@@ -23,7 +23,13 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from common.oracle import reference
-from common.spec.config import ACTIVATIONS, NORM_POSITIONS, SINUSOID_LAYOUTS, TransformerConfig
+from common.spec.config import (
+    ACTIVATIONS,
+    NORM_KINDS,
+    NORM_POSITIONS,
+    SINUSOID_LAYOUTS,
+    TransformerConfig,
+)
 from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import atol_for
 from common.weights.init import init_weights
@@ -38,12 +44,16 @@ SCALE = int(os.environ.get("ROSETTA_PROPERTY_EXAMPLES", "1"))
 
 @st.composite
 def configs(draw: st.DrawFn) -> TransformerConfig:
-    """A valid config, small: d_k in 1..7 with 1..5 heads, 1..3 layers each side."""
+    """A valid config, small: d_k in 1..7 with 1..5 heads, 1..3 layers each side; a key_dim
+    other than d_model / h (1..7) in about half of them."""
     position_kind = draw(st.sampled_from(["sinusoidal", "learned"]))
     num_heads = draw(st.integers(1, 5))
     head_dim = draw(st.integers(1, 7))
     if position_kind == "sinusoidal" and (num_heads * head_dim) % 2:
         head_dim += 1  # sin/cos pairs need an even d_model; d_k stays odd-or-not at random
+    key_dim = draw(st.one_of(st.none(), st.integers(1, 7)))
+    # std_plus_eps divides by d_model - 1 (the unbiased std): d_model 1 has only layer_norm.
+    norm_kinds = NORM_KINDS if num_heads * head_dim > 1 else ("layer_norm",)
     share = draw(st.booleans())
     src_vocab = draw(st.integers(2, 300))
     tgt_vocab = src_vocab if share else draw(st.integers(2, 300))
@@ -61,6 +71,7 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
         tgt_vocab_size=tgt_vocab,
         d_model=num_heads * head_dim,
         num_heads=num_heads,
+        key_dim=key_dim,
         d_ff=draw(st.integers(1, 24)),
         num_encoder_layers=draw(st.integers(1, 3)),
         num_decoder_layers=draw(st.integers(1, 3)),
@@ -69,6 +80,7 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
         norm_position=draw(st.sampled_from(NORM_POSITIONS)),
         final_norm=draw(st.booleans()),
         layer_norm_eps=draw(st.sampled_from([1e-6, 1e-5, 1e-3])),
+        norm_kind=draw(st.sampled_from(norm_kinds)),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         position_kind=position_kind,
         sinusoid_layout=draw(st.sampled_from(SINUSOID_LAYOUTS)),

@@ -31,6 +31,7 @@ if unavailable_reason("tf") is not None:
 import keras  # noqa: E402
 
 from tf_impl.backend import KerasBackend  # noqa: E402
+from tf_impl.model import StdPlusEpsNorm  # noqa: E402
 from tf_impl.weights import (  # noqa: E402
     canonical_name,
     export_canonical,
@@ -96,16 +97,20 @@ def test_weights_h5_round_trip_is_bit_exact(tmp_path, dtype):
     assert_bit_exact(export_canonical(load_native(CONFIG, path, dtype)), weights)
 
 
-def test_layer_norm_epsilon_is_the_configs():
-    config = CONFIG.replace(layer_norm_eps=0.25)  # far from Keras's 1e-3 default
+@pytest.mark.parametrize(
+    "norm_kind, layer_class, eps_attribute",
+    [
+        ("layer_norm", keras.layers.LayerNormalization, "epsilon"),
+        ("std_plus_eps", StdPlusEpsNorm, "eps"),
+    ],
+)
+def test_layer_norm_epsilon_is_the_configs(norm_kind, layer_class, eps_attribute):
+    # far from Keras's 1e-3 default
+    config = CONFIG.replace(layer_norm_eps=0.25, norm_kind=norm_kind)
     model = new_model(config, "float64")
-    norms = [
-        layer
-        for layer in model._flatten_layers()
-        if isinstance(layer, keras.layers.LayerNormalization)
-    ]
+    norms = [layer for layer in model._flatten_layers() if isinstance(layer, layer_class)]
     assert len(norms) == 2 * 2 + 3 * 1 + 2  # per encoder/decoder layer, plus the final norms
-    assert {layer.epsilon for layer in norms} == {0.25}
+    assert {getattr(layer, eps_attribute) for layer in norms} == {0.25}
     # And it is what the numbers use: with eps this large, a default epsilon is off by ~1e-1.
     weights = init_weights(config, 0, scheme="perturbed", dtype="float64")
     load_canonical(model, weights)

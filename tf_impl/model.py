@@ -227,19 +227,48 @@ def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
 
 
 # rosetta: layer_norm
-def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.LayerNormalization:
+def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.Layer:
     """Ba et al. 2016, with epsilon from the config: Keras's default (1e-3) is a classic parity
-    bug."""
+    bug. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    if config.norm_kind == "std_plus_eps":
+        return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, name=name, dtype=dtype)
     return layers.LayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
 
 
 # rosetta: end
 
 
+class StdPlusEpsNorm(layers.Layer):
+    """The Annotated Transformer's LayerNorm: gamma * (x - mean) / (std + eps) + beta, with the
+    unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
+    Weights are named as LayerNormalization's (gamma, beta): the same variable paths."""
+
+    def __init__(self, d_model: int, eps: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.d_model, self.eps = d_model, eps
+
+    def build(self, input_shape: tuple) -> None:
+        self.gamma = self.add_weight(shape=(self.d_model,), initializer="ones", name="gamma")
+        self.beta = self.add_weight(shape=(self.d_model,), initializer="zeros", name="beta")
+
+    def call(self, x: Any) -> Any:
+        # Statistics in float32 or wider (bfloat16 inputs), as LayerNormalization keeps them.
+        dtype = statistics_dtype(keras.backend.standardize_dtype(x.dtype))
+        y = ops.cast(x, dtype)
+        centred = y - ops.mean(y, axis=-1, keepdims=True)
+        std = ops.sqrt(ops.sum(centred * centred, axis=-1, keepdims=True) / (self.d_model - 1))
+        y = centred / (std + self.eps)
+        y = y * ops.cast(self.gamma, dtype) + ops.cast(self.beta, dtype)
+        return ops.cast(y, x.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "d_model": self.d_model, "eps": self.eps}
+
+
 def residual(
     x: Any,
     sublayer: Callable[[Any], tuple[Any, Any]],
-    norm: layers.LayerNormalization,
+    norm: layers.Layer,
     dropout: layers.Dropout,
     pre_norm: bool,
     training: bool | None = None,  # idiom: a Keras Dropout takes `training` per call

@@ -1,6 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) as PyTorch nn.Modules.
 
-Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h, V vocab.
+Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h (or the
+config's key_dim), V vocab.
 Masks are boolean, True = may attend (the convention of F.scaled_dot_product_attention), built by
 the small pure functions below, which mirror common/spec/masks.py, and shaped to broadcast against the
 scores (B, h, T_q, T_k). The state_dict keys mirror the canonical names (torch_impl/weights.py).
@@ -156,20 +157,40 @@ def fused_attention(
 
 
 # rosetta: layer_norm
-def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+def layer_norm(config: TransformerConfig) -> nn.Module:
     """Ba et al. 2016, population variance with eps inside the sqrt, eps from the config (torch's
     default 1e-5 is not the paper's). torch's kernels keep the statistics in float32 for bfloat16
-    inputs, on CPU and CUDA alike."""
+    inputs, on CPU and CUDA alike. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    if config.norm_kind == "std_plus_eps":
+        return StdPlusEpsNorm(config.d_model, eps=config.layer_norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
 # rosetta: end
 
 
+class StdPlusEpsNorm(nn.Module):
+    """The Annotated Transformer's LayerNorm: weight * (x - mean) / (std + eps) + bias, with the
+    unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
+    Parameters are named as nn.LayerNorm's, so the state_dict keys do not depend on the kind."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Statistics in float32 or wider (bfloat16 inputs), as nn.LayerNorm's kernels keep them.
+        y = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = (y - y.mean(-1, keepdim=True)) / (y.std(-1, keepdim=True) + self.eps)
+        return (self.weight * y + self.bias).to(x.dtype)
+
+
 def residual(
     x: Tensor,
     sublayer: Callable[[Tensor], tuple[Tensor, Any]],
-    norm: nn.LayerNorm,
+    norm: nn.Module,
     dropout: nn.Dropout,
     pre_norm: bool,
 ) -> tuple[Tensor, Any]:
@@ -202,10 +223,11 @@ class MultiHeadAttention(nn.Module):
         self.h, self.d_k = config.num_heads, config.head_dim
         # rosetta: parameters
         # The h per-head projections W^Q_i are one (d, h * d_k) matrix; heads are split after it.
-        self.query = nn.Linear(d, d, bias=bias)
-        self.key = nn.Linear(d, d, bias=bias)
-        self.value = nn.Linear(d, d, bias=bias)
-        self.output = nn.Linear(d, d, bias=bias)
+        # h * d_k is d_model unless the config sets key_dim.
+        self.query = nn.Linear(d, self.h * self.d_k, bias=bias)
+        self.key = nn.Linear(d, self.h * self.d_k, bias=bias)
+        self.value = nn.Linear(d, self.h * self.d_k, bias=bias)
+        self.output = nn.Linear(self.h * self.d_k, d, bias=bias)
         # rosetta: end
         self.attention_dropout = config.attention_dropout
 
@@ -247,7 +269,7 @@ class MultiHeadAttention(nn.Module):
             context, probs = fused_attention(q, k, v, mask, dropout_p=p_drop), None
         # rosetta: heads
         b, _, t_q, _ = context.shape
-        context = context.transpose(1, 2).reshape(b, t_q, self.h * self.d_k)  # (B, T_q, d)
+        context = context.transpose(1, 2).reshape(b, t_q, self.h * self.d_k)  # (B, T_q, h d_k)
         # rosetta: end
         return self.output(context), probs
 

@@ -9,6 +9,7 @@ numbers the tables show.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable
@@ -132,6 +133,7 @@ def config_table() -> str:
             int: "integer >= 1" if not f.name.endswith("_id") else "integer in [0, vocab)",
             float: "number in [0, 1)" if f.name != "layer_norm_eps" else "number in (0, 1)",
             bool: "true / false",
+            type(None): "integer >= 1, or null (d_model / num_heads)",
         }.get(type(f.default), "")
         if f.name in _CHOICES:
             allowed = " / ".join(f"`{c}`" for c in _CHOICES[f.name])
@@ -140,6 +142,8 @@ def config_table() -> str:
 
 
 def _json(value: object) -> str:
+    if value is None:
+        return "null"
     return (
         {True: "true", False: "false"}.get(value, f'"{value}"')
         if isinstance(value, (bool, str))
@@ -306,9 +310,47 @@ def marian_table() -> str:
     return _port_table(mapping_table(config))
 
 
+def tutorial_table(kind: str) -> str:
+    """What an importer table of common/porting/tutorials.py fixes (with why), what --config must
+    or may give, then its name map with the layer index as {i} (or Keras's {_i})."""
+    from common.porting.table import rows
+    from common.porting.tutorials import TABLES
+
+    table = TABLES[kind]
+    fields = {**_PROBE, **table.defaults, **table.fixed, "position_kind": "sinusoidal"}
+    if kind == "tf-tutorial-v2":
+        fields["key_dim"] = _PROBE["d_model"]  # key_dim=d_model, as the tutorial passes it
+    config = TransformerConfig(**fields)
+    lines = ["| config field | value | why |", "|---|---|---|"]
+    for name, value in table.fixed.items():
+        why = table.why.get(name, "")
+        lines.append(f"| `{name}` | `{_json(value)}` | {why} |")
+    lines.append("")
+    needs = ", ".join(f"`{n}`" for n in table.needs) or "nothing"
+    defaults = ", ".join(f"`{k}` {_json(v)}" for k, v in table.defaults.items()) or "none"
+    told = ", ".join(f"`{n}`" for n in (*table.sizes, *table.layer_counts))
+    lines.append(
+        f"`--config` must give {needs}; it may change the text's defaults ({defaults}). The "
+        f"file's shapes tell {told}."
+    )
+    lines.append("")
+    lines.append(_port_table(rows(table, config, patterns=True)))
+    return "\n".join(lines)
+
+
 PORTING_GENERATORS: dict[str, Callable[[], str]] = {
     "nn_transformer": nn_transformer_table,
     "marian": marian_table,
+    **{
+        kind.replace("-", "_"): functools.partial(tutorial_table, kind)
+        for kind in (
+            "annotated",
+            "pytorch-tutorial",
+            "tf-tutorial-v1",
+            "tf-tutorial-v2",
+            "keras-prenorm",
+        )
+    },
 }
 RELIABILITY_DOC = DOC.with_name("RELIABILITY.md")
 

@@ -25,16 +25,24 @@ Weights = Mapping[str, np.ndarray]
 # -- building blocks --------------------------------------------------------------------------
 
 
-def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """Layer normalisation (Ba et al. 2016) over the last axis: the paper's LayerNorm, section 3.1.
+def layer_norm(
+    x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float, kind: str = "layer_norm"
+) -> np.ndarray:
+    """Normalisation over the last axis, section 3.1's LayerNorm. docs/FORMAT.md, step 3.
 
-    (x - mean) / sqrt(var + eps) * scale + bias, with the population variance and eps inside the
-    square root (the Annotated Transformer adds eps to the std instead; we do not).
-    docs/FORMAT.md, "The computation", step 3.
+    "layer_norm" (Ba et al. 2016): (x - mean) / sqrt(var + eps) * scale + bias, with the
+    population variance and eps inside the square root.
+    "std_plus_eps" (the Annotated Transformer's LayerNorm): (x - mean) / (std + eps) * scale +
+    bias, with the unbiased standard deviation sqrt(sum (x - mean)^2 / (n - 1)) and eps outside.
     """
     mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * scale + bias
+    squares = ((x - mean) ** 2).sum(axis=-1, keepdims=True)
+    n = x.shape[-1]
+    if kind == "layer_norm":
+        return (x - mean) / np.sqrt(squares / n + eps) * scale + bias
+    if kind == "std_plus_eps":
+        return (x - mean) / (np.sqrt(squares / (n - 1)) + eps) * scale + bias
+    raise ValueError(f"unknown norm kind {kind!r}")
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
@@ -125,8 +133,9 @@ def feed_forward(w: Weights, prefix: str, x: np.ndarray, act: str) -> np.ndarray
 
 
 def norm(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
-    """layer_norm with the stored `{prefix}.scale` and `{prefix}.bias` and the config's eps."""
-    return layer_norm(x, w[f"{prefix}.scale"], w[f"{prefix}.bias"], c.layer_norm_eps)
+    """layer_norm with the stored `{prefix}.scale` and `{prefix}.bias`, the config's eps and
+    norm kind."""
+    return layer_norm(x, w[f"{prefix}.scale"], w[f"{prefix}.bias"], c.layer_norm_eps, c.norm_kind)
 
 
 def sublayer_input(w: Weights, norm_prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:

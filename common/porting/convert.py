@@ -1,5 +1,6 @@
 """`rosetta convert`: move weights between the shared format, each framework's native checkpoint,
-and outside models (torch.nn.Transformer, Hugging Face Marian).
+and outside models (torch.nn.Transformer, Hugging Face Marian, the four tutorials' models of
+common/porting/tutorials.py, and a user's own model through a JSON map, common/porting/user_map.py).
 
 Every conversion reads and validates the whole source first (all problems at once), then writes
 atomically, and never overwrites the destination unless asked to. Framework files are read and
@@ -12,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +28,15 @@ from common.weights.format import check_finite, check_tensors, load_weights, sav
 
 # kind -> the backend whose native checkpoint it is
 NATIVE_KINDS = {"torch": "torch", "keras": "tf", "flax": "jax"}
-IMPORT_KINDS = ("nn-transformer", "marian")
+TABLE_KINDS = (
+    "annotated",
+    "pytorch-tutorial",
+    "tf-tutorial-v1",
+    "tf-tutorial-v2",
+    "keras-prenorm",
+    "map",  # the user's own table: --map MAP.json
+)
+IMPORT_KINDS = ("nn-transformer", "marian", *TABLE_KINDS)
 KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
 SUFFIXES = {
     ".safetensors": "rosetta",
@@ -91,9 +101,32 @@ def infer_source_kind(path: Path) -> str:
         )
     if kind == "torch":
         names = get_backend("torch").read_tensors(path)
-        if any(".self_attn.in_proj_weight" in n for n in names):
-            return "nn-transformer"
+        return _outside_kind(names, ORIGINS_PT) or kind
+    if kind == "keras":
+        from common.porting.sources import read_source_tensors
+
+        return _outside_kind(read_source_tensors(path), ORIGINS_H5) or kind
     return kind
+
+
+# A name that only one outside model's files hold -> its kind (checked in this order).
+ORIGINS_PT = {
+    "src_embed.0.lut.weight": "annotated",
+    "src_tok_emb.embedding.weight": "pytorch-tutorial",
+    ".self_attn.in_proj_weight": "nn-transformer",
+}
+ORIGINS_H5 = {
+    "/mha/wq/vars/0": "tf-tutorial-v1",
+    "/mha/query_dense/vars/0": "tf-tutorial-v2",
+    "/q_dense_layer/vars/0": "keras-prenorm",
+}
+
+
+def _outside_kind(names: Mapping[str, Any], origins: Mapping[str, str]) -> str | None:
+    for marker, kind in origins.items():
+        if any(n == marker or (marker.startswith((".", "/")) and marker in n) for n in names):
+            return kind
+    return None
 
 
 def infer_destination_kind(path: Path) -> str:
@@ -107,9 +140,25 @@ def infer_destination_kind(path: Path) -> str:
 
 
 def read_source(
-    path: Path, kind: str, config: TransformerConfig | None
+    path: Path,
+    kind: str,
+    config: TransformerConfig | Mapping[str, Any] | None,
+    *,
+    table: Any = None,
+    learned_positions: bool = False,
 ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
-    """(config, canonical tensors) from a source of `kind`, fully validated."""
+    """(config, canonical tensors) from a source of `kind`, fully validated. `config` is a whole
+    config, or (for the table kinds) the fields the user gives; `table` is the user's map for
+    kind "map"."""
+    if kind in TABLE_KINDS:
+        return _read_with_table(path, kind, config, table, learned_positions)
+    if learned_positions:
+        raise ConvertError(
+            f"--learned-positions: only the tutorials' models and --map store a position table "
+            f"to import as learned; --from {kind} has none"
+        )
+    if isinstance(config, Mapping):
+        config = TransformerConfig.from_dict(dict(config))
     if kind == "rosetta":
         wf = load_weights(path, config=config)
         return wf.config, wf.tensors
@@ -138,6 +187,33 @@ def read_source(
     return config, get_backend(NATIVE_KINDS[kind]).load_native(path, config)
 
 
+def _read_with_table(
+    path: Path,
+    kind: str,
+    config: TransformerConfig | Mapping[str, Any] | None,
+    table: Any,
+    learned_positions: bool,
+) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """An importer table's model: the file's arrays, the config assembled from the table, the
+    shapes and the user's fields (common/porting/table.py), then the tensors."""
+    from common.porting.sources import read_source_tensors
+    from common.porting.table import assemble_config, to_canonical
+    from common.porting.tutorials import TABLES
+
+    if kind == "map":
+        if table is None:
+            raise ConvertError("--from map needs --map MAP.json (the table of your model's names)")
+    elif table is not None:
+        raise ConvertError(f"--map applies to --from map, not to --from {kind}")
+    else:
+        table = TABLES[kind]
+    arrays = read_source_tensors(path)
+    given = config.to_dict() if isinstance(config, TransformerConfig) else dict(config or {})
+    shapes = {k: tuple(np.shape(v)) for k, v in arrays.items()}
+    model_config = assemble_config(table, shapes, given, learned_positions=learned_positions)
+    return model_config, to_canonical(table, arrays, model_config, str(path))
+
+
 def write_destination(
     path: Path,
     kind: str,
@@ -161,14 +237,18 @@ def convert(
     *,
     from_kind: str | None = None,
     to_kind: str | None = None,
-    config: TransformerConfig | None = None,
+    config: TransformerConfig | Mapping[str, Any] | None = None,
     force: bool = False,
     allow_nonfinite: bool = False,
     also_read: Sequence[str | Path | None] = (),
+    table: Any = None,
+    learned_positions: bool = False,
 ) -> Converted:
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
     Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
-    other files the caller read (a config), which `dst` may not be either."""
+    other files the caller read (a config, a map), which `dst` may not be either. `table` is a
+    user's importer table (--map; kind "map"); `learned_positions` imports a stored sinusoid
+    table as learned positions."""
     for what, name in (("SRC", src), ("DST", dst)):
         if not os.fspath(name):  # Path("") would be the current folder
             raise ConvertError(f"{what}: the file name is empty")
@@ -182,13 +262,15 @@ def convert(
     if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
     dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
-    from_kind = from_kind or infer_source_kind(src)
+    from_kind = from_kind or ("map" if table is not None else infer_source_kind(src))
     to_kind = to_kind or infer_destination_kind(dst)
     if to_kind in IMPORT_KINDS:
         raise ConvertError(
             f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras or flax"
         )
-    model_config, tensors = read_source(src, from_kind, config)
+    model_config, tensors = read_source(
+        src, from_kind, config, table=table, learned_positions=learned_positions
+    )
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
     check_finite(src, tensors, allow_nonfinite)
     # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.

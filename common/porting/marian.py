@@ -10,7 +10,7 @@ Marian (Junczys-Dowmunt et al. 2018, as ported to transformers) is the base Tran
 - static sinusoidal positions, every sin first and then every cos, with the frequencies of Eq. (5):
   position_kind="sinusoidal", sinusoid_layout="concatenated". The table is a constant, so it is
   not a canonical tensor; when a file carries it (older checkpoints), it is checked against
-  `common.oracle.reference.sinusoidal_positions` and dropped.
+  `common.oracle.reference.sinusoidal_positions` and dropped (a `Buffer` of the table).
 - `scale_embedding` -> scale_embeddings (x sqrt(d_model), section 3.4); MarianConfig defaults it
   to false, the converted OPUS-MT models set it to true.
 - `final_logits_bias` [1, V], always added to the logits: output_bias=true. transformers lists it
@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import safe_open
 
 from common.errors import BackendUnavailable, ConfigError, WeightFileError
 from common.files.safe_read import (
@@ -55,10 +53,9 @@ from common.files.safe_read import (
     shown,
     type_problem,
 )
-from common.oracle.reference import sinusoidal_positions
+from common.porting.sources import read_safetensors
+from common.porting.table import Buffer, Rule, Table, rows, to_canonical
 from common.spec.config import TransformerConfig
-from common.spec.names import TensorSpec, canonical_specs, embedding_names
-from common.weights.format import dtype_problems, read_header
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -188,7 +185,7 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
     # lexists, not is_file: a weight file that is a FIFO or a broken link is named as such by
     # the reader (which refuses it unopened) rather than reported absent.
     if os.path.lexists(safetensors_path):
-        return hf_config, _read_safetensors(safetensors_path)
+        return hf_config, read_safetensors(safetensors_path)
     if os.path.lexists(torch_path):
         return hf_config, _read_torch_bin(torch_path)
     sharded = sorted(p.name for p in folder.glob("*.index.json"))
@@ -212,17 +209,6 @@ def _read_config_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError([f"{shown(path)}: must hold a JSON object, got {json_type(data)}"])
     return data
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    read_header(path)  # names a file that is not safetensors, or is truncated, precisely
-    try:
-        with safe_open(str(path), framework="np") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as exc:  # safetensors raises its own error types for corrupt data
-        raise WeightFileError(
-            shown(path), [f"cannot read tensors ({shown(str(exc))[:200]})"]
-        ) from None
 
 
 def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
@@ -408,64 +394,6 @@ def _name_marian_key(problem: str) -> str:
 
 # -- the tensors ---------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Transform:
-    """How one Marian tensor becomes a canonical one: the native shape it must have, the
-    conversion and its description (for the docs table)."""
-
-    describe: str
-    native_shape: Callable[[TensorSpec], tuple[int, ...]]
-    apply: Callable[[np.ndarray, TensorSpec], np.ndarray]
-
-
-TRANSFORMS: dict[str, Transform] = {
-    # nn.Linear stores [out, in] for y = x W^T + b; canonical kernels are [in, out].
-    "heads_in": Transform(
-        "transposed and split into heads, [d_model, h, d_k]",
-        lambda s: (s.fan_out, s.fan_in),
-        lambda a, s: a.T.reshape(s.shape),  # (h*d_k, d) -> (d, h*d_k) -> (d, h, d_k)
-    ),
-    "heads_bias": Transform(
-        "split into heads, [h, d_k]",
-        lambda s: (s.shape[0] * s.shape[1],),
-        lambda a, s: a.reshape(s.shape),  # (h*d_k,) -> (h, d_k)
-    ),
-    "heads_out": Transform(
-        "transposed and reshaped to [h, d_k, d_model]",
-        lambda s: (s.fan_out, s.fan_in),
-        lambda a, s: a.T.reshape(s.shape),  # (d, h*d_k) -> (h*d_k, d) -> (h, d_k, d)
-    ),
-    "transpose": Transform(
-        "transposed ([out, in] -> [in, out])", lambda s: (s.fan_out, s.fan_in), lambda a, s: a.T
-    ),
-    "copy": Transform("as is", lambda s: s.shape, lambda a, s: a),
-    "scale": Transform("as is (LayerNorm weight -> scale)", lambda s: s.shape, lambda a, s: a),
-    "logits_bias": Transform(
-        "row 0 of [1, V]; zeros when absent (as transformers does)",
-        lambda s: (1, s.shape[0]),
-        lambda a, s: a[0],
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where one canonical tensor comes from. `key` is read; when absent, the first present of
-    `copies` then `fallbacks` is. Every present copy must equal what was read (a tied matrix
-    saved under several names); fallbacks are used only when nothing else is there."""
-
-    key: str
-    transform: str
-    copies: tuple[str, ...] = ()
-    fallbacks: tuple[str, ...] = ()
-    optional: bool = False  # absent -> zeros (final_logits_bias only)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key, *self.copies, *self.fallbacks)
-
-
 # Canonical sublayer -> Marian submodule. Marian's `final_layer_norm` is the feed-forward norm of
 # each layer (BART naming), not a final norm of the stack.
 SUBMODULES = {
@@ -480,103 +408,98 @@ SUBMODULES = {
 PROJECTIONS = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "out_proj"}
 
 
-def _layer_source(stack: str, index: str, rest: str) -> Source:
-    """`rest` is the canonical name inside one layer, e.g. 'self_attention.query.kernel'."""
-    for sublayer, module in SUBMODULES.items():
-        if not rest.startswith(sublayer + "."):
-            continue
-        prefix = f"model.{stack}.layers.{index}.{module}"
-        leaf = rest[len(sublayer) + 1 :]
-        if sublayer.endswith("_attention"):
-            proj, _, kind = leaf.partition(".")
-            key = f"{prefix}.{PROJECTIONS[proj]}.{'weight' if kind == 'kernel' else 'bias'}"
-            if proj == "output":
-                return Source(key, "heads_out" if kind == "kernel" else "copy")
-            return Source(key, "heads_in" if kind == "kernel" else "heads_bias")
-        if sublayer.endswith("_norm"):
-            return (
-                Source(f"{prefix}.weight", "scale")
-                if leaf == "scale"
-                else Source(f"{prefix}.bias", "copy")
-            )
-        if leaf == "kernel":  # fc1 / fc2
-            return Source(f"{prefix}.weight", "transpose")
-        return Source(f"{prefix}.bias", "copy")
-    raise AssertionError(f"no Marian submodule for {stack} layer tensor {rest!r}")
+def _layer_rules() -> list[Rule]:
+    """Every tensor of an encoder or decoder layer (the decoder's cross-attention only matches
+    decoder names, as canonical_specs has it only there)."""
+    out = []
+    for stack in ("encoder", "decoder"):
+        for sublayer, module in SUBMODULES.items():
+            here = f"{stack}.layers.{{i}}.{sublayer}"
+            there = f"model.{stack}.layers.{{i}}.{module}"
+            if sublayer.endswith("_attention"):
+                for proj, native in PROJECTIONS.items():
+                    kernel = ("transpose", "heads")
+                    out.append(Rule(f"{here}.{proj}.kernel", f"{there}.{native}.weight", kernel))
+                    bias = () if proj == "output" else ("heads",)
+                    out.append(Rule(f"{here}.{proj}.bias", f"{there}.{native}.bias", bias))
+            elif sublayer.endswith("_norm"):
+                out.append(Rule(f"{here}.scale", f"{there}.weight"))
+                out.append(Rule(f"{here}.bias", f"{there}.bias"))
+            else:  # fc1 / fc2
+                out.append(Rule(f"{here}.kernel", f"{there}.weight", ("transpose",)))
+                out.append(Rule(f"{here}.bias", f"{there}.bias"))
+    return out
 
 
-def source_of(spec: TensorSpec, c: TransformerConfig) -> Source:
-    """The Marian tensor behind canonical tensor `spec` (the one table of this importer)."""
-    emb = embedding_names(c)
-    name = spec.name
-    if c.share_embeddings and name == emb["source"]:
-        # One matrix, saved once (safetensors drops aliases) or under every tied name (.bin).
-        copies = (ENCODER_EMBEDDING, DECODER_EMBEDDING) + ((LM_HEAD,) if c.tie_output else ())
-        return Source(SHARED, "copy", copies=copies)
-    if name == emb["source"]:
-        return Source(ENCODER_EMBEDDING, "copy", fallbacks=(SHARED,))
-    if name == emb["target"]:
-        copies = (LM_HEAD,) if c.tie_output else ()
-        return Source(DECODER_EMBEDDING, "copy", copies=copies, fallbacks=(SHARED,))
-    if name == "output.kernel":
-        return Source(LM_HEAD, "transpose")
-    if name == "output.bias":
-        return Source(LOGITS_BIAS, "logits_bias", optional=True)
-    stack, _, rest = name.partition(".")
-    _, index, inner = rest.split(".", 2)  # "layers", i, rest of the name
-    return _layer_source(stack, index, inner)
+def _embedding_rules() -> list[Rule]:
+    """One matrix, saved once (safetensors drops aliases) or under every tied name (.bin); older
+    files that stored only model.shared.weight read it for a missing embed_tokens."""
+    both = (ENCODER_EMBEDDING, DECODER_EMBEDDING)
+    return [
+        Rule(
+            "shared_embedding",
+            SHARED,
+            copies=(*both, LM_HEAD),
+            when=(("share_embeddings", True), ("tie_output", True)),
+        ),
+        Rule(
+            "shared_embedding",
+            SHARED,
+            copies=both,
+            when=(("share_embeddings", True), ("tie_output", False)),
+        ),
+        Rule(
+            "encoder.embedding",
+            ENCODER_EMBEDDING,
+            fallbacks=(SHARED,),
+            when=(("share_embeddings", False),),
+        ),
+        Rule(
+            "decoder.embedding",
+            DECODER_EMBEDDING,
+            copies=(LM_HEAD,),
+            fallbacks=(SHARED,),
+            when=(("share_embeddings", False), ("tie_output", True)),
+        ),
+        Rule(
+            "decoder.embedding",
+            DECODER_EMBEDDING,
+            fallbacks=(SHARED,),
+            when=(("share_embeddings", False), ("tie_output", False)),
+        ),
+        Rule("output.kernel", LM_HEAD, ("transpose",)),
+        # [1, V], always added to the logits; transformers lists it as ignorable when missing
+        # and then uses zeros, and so do we.
+        Rule("output.bias", LOGITS_BIAS, ("squeeze:0",), absent_zeros=True),
+    ]
 
 
-def _sources(c: TransformerConfig) -> Iterator[tuple[TensorSpec, Source]]:
+TABLE = Table(
+    kind="marian",
+    model="a Marian model",
+    rules=(*_embedding_rules(), *_layer_rules()),
     # A config that no MarianMTModel has (build it with marian_config) would make us read the
     # file as a different model; these are the fields that have no tensor to catch the mistake.
-    marian_only = {
+    fixed={
         "position_kind": "sinusoidal",
         "sinusoid_layout": "concatenated",
         "final_norm": False,
         "output_bias": True,
         "attention_bias": True,
-    }
-    wrong = [f"{k}: a Marian model has {v!r}" for k, v in marian_only.items() if getattr(c, k) != v]
-    if wrong:
-        raise ConfigError(wrong)
-    for spec in canonical_specs(c):
-        yield spec, source_of(spec, c)
+    },
+    # transformers builds the table in float64 and rounds it to the weights' dtype.
+    buffers=tuple(Buffer(key, "concatenated", computed_in="float64") for key in POSITION_KEYS),
+    tie_reason="transformers ties them (share_encoder_decoder_embeddings / tie_word_embeddings)",
+)
 
 
-def _first_present(src: Source, arrays: Mapping[str, np.ndarray]) -> str | None:
-    return next((k for k in src.keys if k in arrays), None)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
-def position_problems(arrays: Mapping[str, np.ndarray], c: TransformerConfig) -> list[str]:
-    """A stored position table must be the sinusoid table we compute, to the file's precision.
-
-    transformers builds it in float64 and rounds it to the weights' dtype, so the bound is one
-    unit in the last place of that dtype for values in [-1, 1] (the machine epsilon)."""
-    problems = []
-    for key in POSITION_KEYS:
-        if key not in arrays:
-            continue
-        table = np.asarray(arrays[key])
-        if table.shape != (c.max_len, c.d_model):
-            problems.append(
-                f"wrong shape for {key}: file has {list(table.shape)}, config needs "
-                f"{[c.max_len, c.d_model]}"
-            )
-            continue
-        want = sinusoidal_positions(c.max_len, c.d_model, "concatenated")
-        gap = float(np.max(np.abs(table.astype(np.float64) - want))) if table.size else 0.0
-        bound = float(np.finfo(table.dtype).eps) if table.dtype.kind == "f" else 0.0
-        if not gap <= bound:
-            problems.append(
-                f"{key} is not the concatenated sinusoid table (max difference {gap:.3g} > "
-                f"{bound:.3g}); learned or other positions cannot be imported"
-            )
-    return problems
+def _no_lm_head(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    if arrays and not any(k.startswith("model.") for k in arrays):
+        return [
+            "no name starts with 'model.': this looks like a MarianModel without its LM head; "
+            "a MarianMTModel folder is needed"
+        ]
+    return []
 
 
 def marian_to_canonical(
@@ -591,79 +514,11 @@ def marian_to_canonical(
     a position table that is not our sinusoid table, at once, in one WeightFileError labelled
     `source`.
     """
-    arrays = {k: np.asarray(v) for k, v in tensors.items()}
-    sources = list(_sources(config))
-
-    problems: list[str] = []
-    used: dict[str, str] = {}  # canonical name -> key read
-    missing = []
-    for spec, src in sources:
-        key = _first_present(src, arrays)
-        if key is None:
-            if not src.optional:
-                missing.append(src.key)
-            continue
-        used[spec.name] = key
-    known = {k for _, src in sources for k in src.keys} | set(POSITION_KEYS)
-    unexpected = sorted(k for k in arrays if k not in known)
-    if missing:
-        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected)}")
-        if not any(k.startswith("model.") for k in arrays):
-            problems.append(
-                "no name starts with 'model.': this looks like a MarianModel without its LM head; "
-                "a MarianMTModel folder is needed"
-            )
-    for spec, src in sources:
-        key = used.get(spec.name)
-        if key is None:
-            continue
-        shape = TRANSFORMS[src.transform].native_shape(spec)
-        if arrays[key].shape != shape:
-            problems.append(
-                f"wrong shape for {key}: file has {list(arrays[key].shape)}, config needs "
-                f"{list(shape)}"
-            )
-        for copy in src.copies:
-            if copy != key and copy in arrays and not _same(arrays[copy], arrays[key]):
-                problems.append(
-                    f"{copy} differs from {key}, but transformers ties them "
-                    "(share_encoder_decoder_embeddings / tie_word_embeddings)"
-                )
-    problems += position_problems(arrays, config)
-    problems += dtype_problems(
-        {k: (arrays[k].dtype.name, arrays[k].shape) for k in sorted(set(used.values()))}
-    )
-    if problems:
-        raise WeightFileError(source, problems)
-
-    out: dict[str, np.ndarray] = {}
-    dtype = arrays[used[sources[0][0].name]].dtype  # the embedding's: one dtype per file
-    for spec, src in sources:
-        if spec.name in used:
-            value = TRANSFORMS[src.transform].apply(arrays[used[spec.name]], spec)
-        else:  # final_logits_bias absent: transformers initialises it to zeros
-            value = np.zeros(spec.shape, dtype=dtype)
-        assert value.shape == spec.shape, f"{spec.name}: {value.shape} != {spec.shape}"
-        out[spec.name] = np.ascontiguousarray(value)
-    return out
+    return to_canonical(TABLE, tensors, config, source, extra_problems=_no_lm_head)
 
 
 def mapping_table(config: TransformerConfig) -> list[tuple[str, str, str]]:
-    """(Marian name, canonical name, transform) for every tensor a MarianMTModel file may hold,
-    in canonical order, then the tied aliases and the dropped position tables. For
+    """(Marian name, canonical name, steps) for every tensor a MarianMTModel file may hold, in
+    canonical order, then the tied aliases and the dropped position tables. For
     docs/PORTING.md."""
-    rows: list[tuple[str, str, str]] = []
-    aliases: list[tuple[str, str, str]] = []
-    for spec, src in _sources(config):
-        rows.append((src.key, spec.name, TRANSFORMS[src.transform].describe))
-        for copy in src.copies:
-            aliases.append((copy, spec.name, f"optional; must equal {src.key} (tied)"))
-        for fallback in src.fallbacks:
-            aliases.append(
-                (fallback, spec.name, f"read only when {src.key} is absent (older files)")
-            )
-    dropped = "optional; checked against the concatenated sinusoid table, then dropped"
-    positions = [(key, "(none: computed)", dropped) for key in POSITION_KEYS]
-    return rows + aliases + positions
+    return rows(TABLE, config)

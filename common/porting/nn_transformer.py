@@ -34,30 +34,26 @@ Layouts: nn.Linear stores [out, in] for y = x W^T + b; canonical kernels are [in
 packed `in_proj_weight` [3 d_model, d_model] stacks W^Q, W^K, W^V (rows, in that order, heads
 major within each, as nn.MultiheadAttention views them); each is transposed and split into heads,
 [d_model, h, d_k]. `out_proj.weight` [d_model, h d_k] becomes [h, d_k, d_model] (Eq. (4), W^O).
+
+The importer is TABLE, data for the engine of common/porting/table.py; `nn_transformer_rules`
+is also what the PyTorch tutorial's table (common/porting/tutorials.py) builds on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
-from common.errors import ConfigError, WeightFileError
-from common.files.safe_read import listing
+from common.errors import ConfigError
+from common.porting.table import Rule, Table, file_sizes, fixed_problems, rows, to_canonical
 from common.spec.config import TransformerConfig
-from common.spec.names import TensorSpec, canonical_specs, embedding_names
-from common.weights.format import dtype_problems
 
 PREFIX = "transformer."
 SOURCE_EMBEDDING = "src_embedding.weight"
 TARGET_EMBEDDING = "tgt_embedding.weight"
 OUTPUT_WEIGHT = "output.weight"
 OUTPUT_BIAS = "output.bias"
-POSITION_EMBEDDINGS = {
-    "encoder.position_embedding": "src_position_embedding.weight",
-    "decoder.position_embedding": "tgt_position_embedding.weight",
-}
 
 # Canonical sublayer -> nn.Transformer submodule. norm1/norm2/norm3 are numbered by sublayer, so
 # the feed-forward norm is norm2 in an encoder layer but norm3 in a decoder layer.
@@ -82,119 +78,111 @@ SUBMODULES = {
 _QKV = ("query", "key", "value")  # the row blocks of in_proj_weight / in_proj_bias, in order
 
 
-@dataclass(frozen=True)
-class Transform:
-    """How one native tensor becomes canonical tensor(s): the native shape it must have, the
-    conversion (native array, canonical spec, index in a packed tensor) and its description."""
+def nn_transformer_rules(core: str = "{prefix}") -> list[Rule]:
+    """The rules for nn.Transformer's own keys, under `core` (a literal prefix, or "{prefix}"
+    for the optional one): attention, norms and feed-forward of every layer, and the final
+    norms."""
+    out = []
+    for stack, submodules in SUBMODULES.items():
+        layer = f"{stack}.layers.{{i}}"
+        source = f"{core}{layer}"
+        for sublayer, module in submodules.items():
+            here, there = f"{layer}.{sublayer}", f"{source}.{module}"
+            if sublayer.endswith("_attention"):
+                for part, proj in enumerate(_QKV):
+                    split = f"split:{part}/3"
+                    out.append(
+                        Rule(
+                            f"{here}.{proj}.kernel",
+                            f"{there}.in_proj_weight",
+                            (split, "transpose", "heads"),
+                        )
+                    )
+                    out.append(
+                        Rule(f"{here}.{proj}.bias", f"{there}.in_proj_bias", (split, "heads"))
+                    )
+                out.append(
+                    Rule(
+                        f"{here}.output.kernel", f"{there}.out_proj.weight", ("transpose", "heads")
+                    )
+                )
+                out.append(Rule(f"{here}.output.bias", f"{there}.out_proj.bias"))
+            elif sublayer.endswith("_norm"):
+                out.append(Rule(f"{here}.scale", f"{there}.weight"))
+                out.append(Rule(f"{here}.bias", f"{there}.bias"))
+            else:  # the two linears of the feed-forward network
+                out.append(Rule(f"{here}.kernel", f"{there}.weight", ("transpose",)))
+                out.append(Rule(f"{here}.bias", f"{there}.bias"))
+        out.append(Rule(f"{stack}.final_norm.scale", f"{core}{stack}.norm.weight"))
+        out.append(Rule(f"{stack}.final_norm.bias", f"{core}{stack}.norm.bias"))
+    return out
 
-    describe: str
-    native_shape: Callable[[TransformerConfig, TensorSpec], tuple[int, ...]]
-    apply: Callable[[np.ndarray, TensorSpec, int], np.ndarray]
+
+def embedding_rules(source: str, target: str, output: str) -> list[Rule]:
+    """Token embeddings and the output layer, shared and tied as the config says (never guessed
+    from the values): a key that the config ties to another may be absent, or must equal it."""
+    tied_output = (output,)
+    return [
+        Rule(
+            "shared_embedding",
+            source,
+            copies=(target, *tied_output),
+            when=(("share_embeddings", True), ("tie_output", True)),
+        ),
+        Rule(
+            "shared_embedding",
+            source,
+            copies=(target,),
+            when=(("share_embeddings", True), ("tie_output", False)),
+        ),
+        Rule("encoder.embedding", source, when=(("share_embeddings", False),)),
+        Rule(
+            "decoder.embedding",
+            target,
+            copies=tied_output,
+            when=(("share_embeddings", False), ("tie_output", True)),
+        ),
+        Rule(
+            "decoder.embedding",
+            target,
+            when=(("share_embeddings", False), ("tie_output", False)),
+        ),
+        Rule("output.kernel", output, ("transpose",)),
+    ]
 
 
-def _packed_rows(a: np.ndarray, part: int) -> np.ndarray:
-    rows = a.shape[0] // 3  # in_proj_* stacks [W^Q; W^K; W^V] along its first axis
-    return a[part * rows : (part + 1) * rows]
-
-
-TRANSFORMS: dict[str, Transform] = {
-    "in_proj_kernel": Transform(
-        "rows split in 3 (q, k, v), each transposed and reshaped to [d_model, h, d_k]",
-        lambda c, s: (3 * c.d_model, c.d_model),
-        lambda a, s, p: _packed_rows(a, p).T.reshape(s.shape),  # (h*d_k, d) -> (d, h, d_k)
+TABLE = Table(
+    kind="nn-transformer",
+    model="an nn.Transformer pipeline",
+    rules=(
+        *embedding_rules(SOURCE_EMBEDDING, TARGET_EMBEDDING, OUTPUT_WEIGHT),
+        Rule("output.bias", OUTPUT_BIAS),
+        Rule("encoder.position_embedding", "src_position_embedding.weight"),
+        Rule("decoder.position_embedding", "tgt_position_embedding.weight"),
+        *nn_transformer_rules(),
     ),
-    "in_proj_bias": Transform(
-        "split in 3 (q, k, v), each reshaped to [h, d_k]",
-        lambda c, s: (3 * c.d_model,),
-        lambda a, s, p: _packed_rows(a, p).reshape(s.shape),  # (h*d_k,) -> (h, d_k)
-    ),
-    "out_proj_kernel": Transform(
-        "transposed and reshaped to [h, d_k, d_model]",
-        lambda c, s: (s.fan_out, s.fan_in),
-        lambda a, s, p: a.T.reshape(s.shape),  # (d, h*d_k) -> (h*d_k, d) -> (h, d_k, d)
-    ),
-    "transpose": Transform(
-        "transposed ([out, in] -> [in, out])",
-        lambda c, s: (s.fan_out, s.fan_in),
-        lambda a, s, p: a.T,
-    ),
-    "copy": Transform("as is", lambda c, s: s.shape, lambda a, s, p: a),
-    "scale": Transform(
-        "as is (LayerNorm weight -> scale)", lambda c, s: s.shape, lambda a, s, p: a
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where one canonical tensor comes from: a native key (without the prefix, for the
-    nn.Transformer keys), the transform, and its block in a packed tensor."""
-
-    key: str
-    transform: str
-    part: int = 0
-    in_transformer: bool = True  # False for the user's embeddings and output layer
-
-
-def _layer_source(stack: str, rest: str) -> Source:
-    """`rest` is the canonical name inside one layer, e.g. 'self_attention.query.kernel'."""
-    for sublayer, module in SUBMODULES[stack].items():
-        if not rest.startswith(sublayer + "."):
-            continue
-        leaf = rest[len(sublayer) + 1 :]
-        if sublayer.endswith("_attention"):
-            proj, _, kind = leaf.partition(".")
-            if proj in _QKV and kind == "kernel":
-                return Source(f"{module}.in_proj_weight", "in_proj_kernel", _QKV.index(proj))
-            if proj in _QKV:
-                return Source(f"{module}.in_proj_bias", "in_proj_bias", _QKV.index(proj))
-            if kind == "kernel":
-                return Source(f"{module}.out_proj.weight", "out_proj_kernel")
-            return Source(f"{module}.out_proj.bias", "copy")
-        if sublayer.endswith("_norm"):
-            return Source(f"{module}.{'weight' if leaf == 'scale' else 'bias'}", _leaf_kind(leaf))
-        if leaf == "kernel":  # the two linears of the feed-forward network
-            return Source(f"{module}.weight", "transpose")
-        return Source(f"{module}.bias", "copy")
-    raise AssertionError(f"no nn.Transformer submodule for {stack} layer tensor {rest!r}")
-
-
-def _leaf_kind(leaf: str) -> str:
-    return "scale" if leaf == "scale" else "copy"
-
-
-def source_of(spec: TensorSpec, c: TransformerConfig) -> Source:
-    """The native tensor behind canonical tensor `spec` (the one table of this importer)."""
-    emb = embedding_names(c)
-    name = spec.name
-    if name == emb["source"]:
-        return Source(SOURCE_EMBEDDING, "copy", in_transformer=False)
-    if name == emb["target"]:
-        return Source(TARGET_EMBEDDING, "copy", in_transformer=False)
-    if name in POSITION_EMBEDDINGS:
-        return Source(POSITION_EMBEDDINGS[name], "copy", in_transformer=False)
-    if name == "output.kernel":
-        return Source(OUTPUT_WEIGHT, "transpose", in_transformer=False)
-    if name == "output.bias":
-        return Source(OUTPUT_BIAS, "copy", in_transformer=False)
-    stack, _, rest = name.partition(".")
-    if rest.startswith("final_norm."):
-        leaf = rest.rpartition(".")[2]
-        return Source(f"{stack}.norm.{'weight' if leaf == 'scale' else 'bias'}", _leaf_kind(leaf))
-    _, index, inner = rest.split(".", 2)  # "layers", i, rest of the name
-    source = _layer_source(stack, inner)
-    return Source(f"{stack}.layers.{index}.{source.key}", source.transform, source.part)
-
-
-def tied_aliases(c: TransformerConfig) -> dict[str, str]:
-    """{native key: native key it must equal} for the keys that the config ties to another and
-    that may therefore be absent: the target embedding when shared, the output when tied."""
-    aliases = {}
-    if c.share_embeddings:
-        aliases[TARGET_EMBEDDING] = SOURCE_EMBEDDING
-    if c.tie_output:
-        aliases[OUTPUT_WEIGHT] = aliases.get(TARGET_EMBEDDING, TARGET_EMBEDDING)
-    return aliases
+    fixed={"final_norm": True, "attention_bias": True},
+    why={
+        "final_norm": "nn.Transformer always has a final encoder and decoder LayerNorm "
+        "(encoder.norm, decoder.norm), even in post-LN; set final_norm to true",
+        "attention_bias": "nn.Transformer(bias=False) also drops the feed-forward and LayerNorm "
+        "biases, which this format keeps; only bias=True models can be imported",
+    },
+    sizes={
+        "src_vocab_size": (SOURCE_EMBEDDING, 0),
+        "d_model": (SOURCE_EMBEDDING, 1),
+        "d_ff": ("{prefix}encoder.layers.0.linear1.weight", 0),
+        "max_len": ("src_position_embedding.weight", 0),
+    },
+    layer_counts={
+        "num_encoder_layers": "{prefix}encoder.layers.{i}.",
+        "num_decoder_layers": "{prefix}decoder.layers.{i}.",
+    },
+    optional_prefix=PREFIX,
+    hints={OUTPUT_BIAS: f"{OUTPUT_BIAS}: the file has an output bias; set output_bias to true"},
+    tie_reason="the config ties them (share_embeddings or tie_output is true); set it to false "
+    "to import them separately",
+)
 
 
 def check_config(config: TransformerConfig) -> None:
@@ -204,33 +192,9 @@ def check_config(config: TransformerConfig) -> None:
     sinusoid layout, scaling, sharing and tying is accepted: the config must say what the
     pipeline does. Every activation is possible (gelu_tanh is a callable activation).
     """
-    problems = []
-    if not config.final_norm:
-        problems.append(
-            "final_norm: nn.Transformer always has a final encoder and decoder LayerNorm "
-            "(encoder.norm, decoder.norm), even in post-LN; set final_norm to true"
-        )
-    if not config.attention_bias:
-        problems.append(
-            "attention_bias: nn.Transformer(bias=False) also drops the feed-forward and LayerNorm "
-            "biases, which this format keeps; only bias=True models can be imported"
-        )
+    problems = fixed_problems(TABLE, config)
     if problems:
         raise ConfigError(problems)
-
-
-def _sources(c: TransformerConfig) -> Iterator[tuple[TensorSpec, Source]]:
-    for spec in canonical_specs(c):
-        yield spec, source_of(spec, c)
-
-
-def _prefix_of(tensors: Mapping[str, np.ndarray]) -> str:
-    """The rule: any key under `transformer.` means nn.Transformer's keys all are."""
-    return PREFIX if any(k.startswith(PREFIX) for k in tensors) else ""
-
-
-def _file_key(source: Source, prefix: str) -> str:
-    return prefix + source.key if source.in_transformer else source.key
 
 
 def nn_transformer_to_canonical(
@@ -244,98 +208,24 @@ def nn_transformer_to_canonical(
     Checks the config first (check_config), then reports every missing, unexpected, wrong-shaped
     and wrong-dtype tensor and every broken tie at once in one WeightFileError labelled `source`.
     """
-    check_config(config)
-    prefix = _prefix_of(tensors)
-    arrays = {k: np.asarray(v) for k, v in tensors.items()}
-    sources = list(_sources(config))
-    aliases = tied_aliases(config)
-
-    needed: dict[str, tuple[int, ...]] = {}  # file key -> native shape, in canonical order
-    for spec, src in sources:
-        needed.setdefault(
-            _file_key(src, prefix), TRANSFORMS[src.transform].native_shape(config, spec)
-        )
-
-    problems = []
-    missing = [k for k in needed if k not in arrays]
-    unexpected = sorted(k for k in arrays if k not in needed and k not in aliases)
-    if missing:
-        problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
-        if OUTPUT_BIAS in unexpected:
-            problems.append(f"{OUTPUT_BIAS}: the file has an output bias; set output_bias to true")
-    for key, shape in needed.items():
-        if key in arrays and arrays[key].shape != shape:
-            problems.append(
-                f"wrong shape for {key}: file has {list(arrays[key].shape)}, config needs {list(shape)}"
-            )
-    for key, target in aliases.items():
-        if key in arrays and target in arrays and not _same(arrays[key], arrays[target]):
-            flag = "share_embeddings" if key == TARGET_EMBEDDING else "tie_output"
-            problems.append(
-                f"{key} differs from {target}, but the config ties them ({flag} is true); "
-                f"set {flag} to false to import them separately"
-            )
-    known = {k: (a.dtype.name, a.shape) for k, a in arrays.items() if k in needed or k in aliases}
-    problems += dtype_problems(known)
-    if problems:
-        raise WeightFileError(source, problems)
-
-    out = {}
-    for spec, src in sources:
-        transform = TRANSFORMS[src.transform]
-        value = transform.apply(arrays[_file_key(src, prefix)], spec, src.part)
-        assert value.shape == spec.shape, f"{spec.name}: {value.shape} != {spec.shape}"
-        out[spec.name] = np.ascontiguousarray(value)
-    return out
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return to_canonical(TABLE, tensors, config, source)
 
 
 def mapping_table(config: TransformerConfig, prefix: str = PREFIX) -> list[tuple[str, str, str]]:
-    """(source key, canonical name(s), transform) for every tensor of the file, in canonical
-    order; a packed source lists its canonical names joined by ', '. For docs/PORTING.md."""
-    grouped: dict[str, tuple[list[str], str]] = {}
-    for spec, src in _sources(config):
-        key = _file_key(src, prefix)
-        names, _ = grouped.setdefault(key, ([], TRANSFORMS[src.transform].describe))
-        names.append(spec.name)
-    rows = [(key, ", ".join(names), how) for key, (names, how) in grouped.items()]
-    emb = embedding_names(config)
-    for key, target in tied_aliases(config).items():
-        canonical = emb["target"] if key == TARGET_EMBEDDING else emb["output"]
-        rows.append((key, canonical, f"optional; must equal {target} (tied by the config)"))
-    return rows
+    """(source key, canonical name(s), steps) for every tensor of the file, in canonical order;
+    a packed source lists its canonical names joined by ', '. For docs/PORTING.md."""
+    return rows(TABLE, config, prefix)
 
 
 def infer_sizes(tensors: Mapping[str, np.ndarray]) -> dict[str, int | bool]:
     """The config fields that the file itself tells: vocabulary sizes, d_model, d_ff, layer
     counts, output_bias and (with learned positions) max_len. Heads, activation, norm position,
     epsilon and the pipeline around nn.Transformer must come from the user's config."""
-    prefix = _prefix_of(tensors)
     shapes = {k: np.shape(v) for k, v in tensors.items()}
-    sizes: dict[str, int | bool] = {}
-    # Only matrices tell sizes: one of another rank is named by nn_transformer_to_canonical.
-    matrices = {k: s for k, s in shapes.items() if len(s) == 2}
-    if SOURCE_EMBEDDING in matrices:
-        sizes["src_vocab_size"], sizes["d_model"] = matrices[SOURCE_EMBEDDING]
+    sizes: dict[str, int | bool] = dict(file_sizes(TABLE, shapes))
     for key in (TARGET_EMBEDDING, OUTPUT_WEIGHT, SOURCE_EMBEDDING):  # a shared one is the source
-        if key in matrices:
-            sizes["tgt_vocab_size"] = matrices[key][0]
+        if len(shapes.get(key, ())) == 2:
+            sizes["tgt_vocab_size"] = shapes[key][0]
             break
-    ff = f"{prefix}encoder.layers.0.linear1.weight"
-    if ff in matrices:
-        sizes["d_ff"] = matrices[ff][0]
-    for stack in ("encoder", "decoder"):
-        start = f"{prefix}{stack}.layers."
-        parts = (k[len(start) :].split(".")[0] for k in shapes if k.startswith(start))
-        indices = {int(p) for p in parts if p.isascii() and p.isdecimal() and len(p) < 10}
-        if indices:
-            sizes[f"num_{stack}_layers"] = max(indices) + 1
     sizes["output_bias"] = OUTPUT_BIAS in shapes
-    if POSITION_EMBEDDINGS["encoder.position_embedding"] in matrices:
-        sizes["max_len"] = matrices[POSITION_EMBEDDINGS["encoder.position_embedding"]][0]
     return sizes

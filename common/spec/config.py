@@ -28,6 +28,7 @@ from common.files.safe_read import (
 )
 
 NORM_POSITIONS = ("post", "pre")
+NORM_KINDS = ("layer_norm", "std_plus_eps")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITION_KINDS = ("sinusoidal", "learned")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
@@ -42,6 +43,9 @@ class TransformerConfig:
     tgt_vocab_size: int = 37000
     d_model: int = 512
     num_heads: int = 8  # h in the paper; d_k = d_v = d_model / h
+    # d_k = d_v per head when it is not d_model / h (Keras MultiHeadAttention's key_dim; the
+    # TensorFlow tutorial passes key_dim=d_model). null: d_model / h, as in section 3.2.2.
+    key_dim: int | None = None
     d_ff: int = 2048
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
@@ -60,6 +64,10 @@ class TransformerConfig:
     final_norm: bool = False
     # The paper does not give epsilon. 1e-6 is tensor2tensor's; torch uses 1e-5, Keras 1e-3.
     layer_norm_eps: float = 1e-6
+    # "layer_norm": Ba et al. 2016, (x - mean) / sqrt(var + eps) with the population variance.
+    # "std_plus_eps": the Annotated Transformer's (x - mean) / (std + eps), with the unbiased
+    # (n - 1) standard deviation and eps outside the square root. docs/FORMAT.md, step 3.
+    norm_kind: str = "layer_norm"
 
     activation: str = "relu"  # Eq. (2) uses max(0, x); GELU variants for ported models.
 
@@ -91,8 +99,8 @@ class TransformerConfig:
     # -- derived sizes -------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        """d_k = d_v = d_model / h (section 3.2.2)."""
-        return self.d_model // self.num_heads
+        """d_k = d_v: d_model / h (section 3.2.2), or key_dim when the config sets it."""
+        return self.key_dim if self.key_dim is not None else self.d_model // self.num_heads
 
     # -- JSON round trip -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -137,13 +145,7 @@ class TransformerConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> TransformerConfig:
         """Read a JSON config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
-        try:
-            data = read_json(path, "a config file", MAX_CONFIG_BYTES)
-        except MissingFile:
-            raise ConfigError([f"no such config file {shown(path)}"]) from None
-        except FileProblem as exc:
-            raise ConfigError([str(exc)]) from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_fields(path))
 
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
@@ -151,6 +153,21 @@ class TransformerConfig:
         if unknown:
             return TransformerConfig.from_dict({**self.to_dict(), **changes})  # raises, names them
         return dataclasses.replace(self, **changes)
+
+
+def read_config_fields(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a config file, not yet a config: a regular UTF-8 file of at most
+    MAX_CONFIG_BYTES. An importer table takes some fields from it and the rest from the model
+    (common/porting/table.py). ConfigError names the file for anything unreadable."""
+    try:
+        data = read_json(path, "a config file", MAX_CONFIG_BYTES)
+    except MissingFile:
+        raise ConfigError([f"no such config file {shown(path)}"]) from None
+    except FileProblem as exc:
+        raise ConfigError([str(exc)]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"a config must be a JSON object, got {type(data).__name__}"])
+    return data
 
 
 _INT_FIELDS = (
@@ -175,6 +192,7 @@ _BOOL_FIELDS = (
 _PROBABILITY_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
 _CHOICES = {
     "norm_position": NORM_POSITIONS,
+    "norm_kind": NORM_KINDS,
     "activation": ACTIVATIONS,
     "position_kind": POSITION_KINDS,
     "sinusoid_layout": SINUSOID_LAYOUTS,
@@ -210,6 +228,8 @@ def validation_problems(c: TransformerConfig) -> list[str]:
         value = getattr(c, name)
         if not _is_number(value) or not 0.0 <= value < 1.0:
             problems.append(f"{name}: must be a number in [0, 1), got {brief(value)}")
+    if c.key_dim is not None and (not _is_int(c.key_dim) or c.key_dim < 1):
+        problems.append(f"key_dim: must be an integer >= 1 or null, got {brief(c.key_dim)}")
     eps = c.layer_norm_eps
     if not _is_number(eps) or not 0.0 < eps < 1.0:
         problems.append(f"layer_norm_eps: must be a number in (0, 1), got {brief(eps)}")
@@ -221,10 +241,15 @@ def validation_problems(c: TransformerConfig) -> list[str]:
     if problems:  # the cross-field rules below assume well-typed fields
         return problems
 
-    if c.d_model % c.num_heads:
+    if c.key_dim is None and c.d_model % c.num_heads:
         problems.append(
             f"d_model: {c.d_model} is not divisible by num_heads={c.num_heads}; "
-            "d_model must be a multiple of num_heads (d_k = d_model / h)"
+            "d_model must be a multiple of num_heads (d_k = d_model / h), or set key_dim"
+        )
+    if c.norm_kind == "std_plus_eps" and c.d_model < 2:
+        problems.append(
+            "norm_kind: 'std_plus_eps' divides by d_model - 1 (the unbiased standard deviation), "
+            f"so d_model must be >= 2, got {c.d_model}"
         )
     if c.position_kind == "sinusoidal" and c.d_model % 2:
         problems.append(

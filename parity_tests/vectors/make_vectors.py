@@ -65,6 +65,21 @@ VECTOR_CONFIGS: dict[str, TransformerConfig] = {
             "bos_id": 0,
         }
     ),
+    # The Annotated Transformer's norm (std plus eps, unbiased) in pre-norm with final norms, and
+    # heads 5 wide where d_model / h is 4 (key_dim): untied output with a bias.
+    "pre_std_plus_eps_key_dim": TransformerConfig(
+        **{
+            **_TINY,
+            "tgt_vocab_size": 33,
+            "norm_position": "pre",
+            "final_norm": True,
+            "norm_kind": "std_plus_eps",
+            "key_dim": 5,
+            "share_embeddings": False,
+            "tie_output": False,
+            "output_bias": True,
+        }
+    ),
 }
 
 

@@ -1,0 +1,583 @@
+"""An importer is a table: source-name pattern -> canonical name, plus the steps between them.
+
+Every outside model that `rosetta convert` reads (torch.nn.Transformer pipelines, Hugging Face
+Marian, the Annotated Transformer, the PyTorch and TensorFlow tutorials, the Keras pre-norm
+model) is one `Table` of data, read by the one engine below, with the one set of steps in STEPS.
+A user's own model is the same table written as JSON (`rosetta convert --map MAP.json`,
+common/porting/user_map.py; docs/PORTING.md has a worked example).
+
+A table says:
+- `rules`: for each canonical tensor (a pattern over common.spec.names, `{i}` for the layer
+  index), the source key it is read from (the same `{i}`, or `{_i}` for Keras's per-class layer
+  names "", "_1", "_2"; and `{prefix}` for an optional prefix),
+  and the steps that turn the source array into the canonical one. A rule may carry `copies`
+  (keys that, when present, must hold the same array: a tied matrix saved under several names),
+  `fallbacks` (read only when the key is absent), a `when` (config fields it applies under) and
+  `absent_zeros` (a missing tensor is zeros, as transformers treats Marian's final_logits_bias).
+- `buffers`: stored constants that are not weights (a sinusoid table). Each is checked against
+  the sinusoid of the layout the table claims, within a derived bound (`sinusoid_bound`), and
+  then dropped; or, when the user asks (`learned_positions`), imported as learned positions.
+  A buffer is never silently replaced.
+- the config: `fixed` fields (what the model's code fixes, each with why), `defaults` (what its
+  text uses, overridable), `needs` (what the file cannot tell and the user must give), and the
+  sizes the file tells (`sizes`, `layer_counts`). `assemble_config` merges them with the user's
+  fields and refuses every contradiction by name.
+
+Nothing here imports a framework: sources arrive as {name: numpy array}.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from common.errors import ConfigError, WeightFileError
+from common.files.safe_read import brief, listing
+from common.oracle.reference import sinusoidal_positions
+from common.spec.config import TransformerConfig
+from common.spec.names import TensorSpec, canonical_specs
+from common.weights.format import dtype_problems
+
+# -- the steps: one shared set of transforms -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transform from a source array towards the canonical one. `native_shape` maps the shape
+    after the step back to the shape before it (so a wrong source shape is named before anything
+    runs); `apply` does the step. Both see the canonical spec and the config."""
+
+    text: str  # as written in a table, e.g. "split:1/3"
+    describe: str
+    native_shape: Callable[[tuple[int, ...], TensorSpec], tuple[int, ...]]
+    apply: Callable[[np.ndarray, TensorSpec, TransformerConfig], np.ndarray]
+
+
+def _merged_heads(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
+    """The canonical attention shape with its two head axes merged: [d, h, d_k] -> [d, h*d_k],
+    [h, d_k, d] -> [h*d_k, d] (a kernel is a view of its [fan_in, fan_out] matrix) and
+    [h, d_k] -> [h*d_k]."""
+    if spec.role == "kernel":
+        return (spec.fan_in, spec.fan_out)
+    return (math.prod(shape),)
+
+
+def _split(text: str, part: int, parts: int) -> Step:
+    return Step(
+        text,
+        f"rows {part + 1} of {parts} (a packed q/k/v)",
+        lambda shape, spec: (shape[0] * parts, *shape[1:]),
+        lambda a, spec, c: a[part * (a.shape[0] // parts) : (part + 1) * (a.shape[0] // parts)],
+    )
+
+
+def _squeeze(text: str, axis: int) -> Step:
+    return Step(
+        text,
+        f"axis {axis} of size 1 dropped",
+        lambda shape, spec: (*shape[:axis], 1, *shape[axis:]),
+        lambda a, spec, c: np.squeeze(a, axis=axis),
+    )
+
+
+def _scale(text: str, factor: float) -> Step:
+    return Step(
+        text,
+        f"multiplied by {factor:g}",
+        lambda shape, spec: shape,
+        lambda a, spec, c: (a * np.asarray(factor, a.dtype)).astype(a.dtype),
+    )
+
+
+def _zero_pad_row(a: np.ndarray, spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
+    out = np.array(a, copy=True)
+    out[c.pad_id] = 0
+    return out
+
+
+STEPS: dict[str, Step] = {
+    "transpose": Step(
+        "transpose",
+        "transposed ([out, in] -> [in, out])",
+        lambda shape, spec: tuple(reversed(shape)),
+        lambda a, spec, c: a.T,
+    ),
+    "heads": Step(
+        "heads",
+        "split into heads",
+        _merged_heads,
+        lambda a, spec, c: a.reshape(spec.shape),
+    ),
+    "zero_pad_row": Step(
+        "zero_pad_row",
+        "row pad_id set to zero",
+        lambda shape, spec: shape,
+        _zero_pad_row,
+    ),
+}
+# Steps with an argument: "split:K/N" (block K of N along axis 0), "squeeze:A", "scale:F".
+_ARGUMENT_STEPS = {
+    "split": (re.compile(r"(\d+)/(\d+)"), "split:K/N (block K of N along axis 0, K from 0)"),
+    "squeeze": (re.compile(r"(\d+)"), "squeeze:A (drop axis A, of size 1)"),
+    "scale": (re.compile(r"([-+0-9.eE]+)"), "scale:F (multiply by the number F)"),
+}
+STEP_HELP = ["transpose", "heads", "zero_pad_row", *(help for _, help in _ARGUMENT_STEPS.values())]
+
+
+def parse_step(text: Any) -> Step:
+    """The Step a table writes as `text`; ValueError with what is allowed when it is none."""
+    if isinstance(text, str) and text in STEPS:
+        return STEPS[text]
+    name, _, argument = text.partition(":") if isinstance(text, str) else ("", "", "")
+    if name in _ARGUMENT_STEPS:
+        pattern, usage = _ARGUMENT_STEPS[name]
+        match = pattern.fullmatch(argument)
+        if match and name == "split" and int(match[1]) < int(match[2]):
+            return _split(text, int(match[1]), int(match[2]))
+        if match and name == "squeeze":
+            return _squeeze(text, int(match[1]))
+        if match and name == "scale":
+            try:
+                return _scale(text, float(match[1]))
+            except ValueError:
+                pass
+        raise ValueError(f"step {brief(text)}: expected {usage}")
+    raise ValueError(f"unknown step {brief(text)}; allowed: {', '.join(STEP_HELP)}")
+
+
+def describe_steps(steps: Sequence[Step]) -> str:
+    """'as is', or the steps' descriptions joined, for the PORTING.md tables."""
+    return ", then ".join(s.describe for s in steps) if steps else "as is"
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Where the canonical tensors matching `canonical` come from."""
+
+    canonical: str  # e.g. "encoder.layers.{i}.self_attention.query.kernel"
+    source: str  # e.g. "{prefix}encoder.layers.{i}.self_attn.in_proj_weight"
+    steps: tuple[str, ...] = ()
+    copies: tuple[str, ...] = ()  # present -> must equal the array read
+    fallbacks: tuple[str, ...] = ()  # read only when `source` and the copies are absent
+    when: tuple[tuple[str, Any], ...] = ()  # (config field, value) pairs that must all hold
+    absent_zeros: bool = False  # a missing tensor is zeros rather than a problem
+
+    def applies(self, c: TransformerConfig) -> bool:
+        return all(getattr(c, name) == value for name, value in self.when)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A stored sinusoid table: checked, then dropped, or imported as learned positions."""
+
+    source: str
+    layout: str  # the layout the model's code computes: "interleaved" or "concatenated"
+    steps: tuple[str, ...] = ()  # to [length, d_model]
+    # "float64": computed in float64 and rounded once to the stored dtype (transformers, numpy);
+    # "stored": computed in the stored dtype itself (torch's default dtype), see sinusoid_bound.
+    computed_in: str = "stored"
+    learned: tuple[str, ...] = ()  # canonical names it becomes with learned positions
+
+
+@dataclass(frozen=True)
+class Table:
+    """One importer, as data (the module docstring says what each part means)."""
+
+    kind: str  # the --from name
+    model: str  # for messages: "the Annotated Transformer"
+    rules: tuple[Rule, ...]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    why: Mapping[str, str] = field(default_factory=dict)  # fixed field -> the reason, for messages
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    sizes: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # field -> (key, axis)
+    layer_counts: Mapping[str, str] = field(default_factory=dict)  # field -> key with {i}
+    buffers: tuple[Buffer, ...] = ()
+    optional_prefix: str = ""  # {prefix}: this when any key starts with it, else ""
+    hints: Mapping[str, str] = field(default_factory=dict)  # unexpected key -> one more line
+    tie_reason: str = "the table ties them"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One canonical tensor and where it is read from, in this config and this file."""
+
+    spec: TensorSpec
+    rule: Rule
+    key: str
+    copies: tuple[str, ...]
+    fallbacks: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *self.copies, *self.fallbacks)
+
+
+def _pattern(canonical: str) -> re.Pattern[str]:
+    return re.compile(re.escape(canonical).replace(re.escape("{i}"), r"(?P<i>\d+)"))
+
+
+def _fill(pattern: str, index: str | None, prefix: str) -> str:
+    """A source pattern with its placeholders filled: {prefix}, {i} (the layer index) and {_i},
+    Keras's name for the i-th layer of one class in a list: "" for the first, then "_1", "_2"
+    (keras.saving numbers a container's layers per class name, so the path is reproducible)."""
+    text = pattern.replace("{prefix}", prefix)
+    if index is None or index == "{i}":  # "{i}": the pattern itself, for the docs' tables
+        return text
+    return text.replace("{i}", index).replace("{_i}", "" if index == "0" else f"_{index}")
+
+
+def prefix_of(table: Table, names: Sequence[str]) -> str:
+    """The table's optional prefix when any source key starts with it, else ''."""
+    p = table.optional_prefix
+    return p if p and any(n.startswith(p) for n in names) else ""
+
+
+def resolve(
+    table: Table, c: TransformerConfig, prefix: str = "", patterns: bool = False
+) -> list[Resolved]:
+    """Each canonical tensor of `c` with its source, in canonical order. A tensor that no rule or
+    two rules name is a fault of the table: ConfigError naming it (a user's map gets this).
+    `patterns` keeps the layer placeholders in the source keys (for the docs' tables)."""
+    rules = [(r, _pattern(r.canonical)) for r in table.rules if r.applies(c)]
+    if c.position_kind == "learned":  # a stored sinusoid table imported as learned positions
+        for buffer in table.buffers:
+            for name in buffer.learned:
+                rules.append((Rule(name, buffer.source, buffer.steps), _pattern(name)))
+    out, problems = [], []
+    for spec in canonical_specs(c):
+        hits = [(r, m) for r, p in rules if (m := p.fullmatch(spec.name))]
+        if len(hits) != 1:
+            what = "no rule" if not hits else f"{len(hits)} rules"
+            problems.append(f"{spec.name}: {what} in the table of {table.model} names it")
+            continue
+        rule, match = hits[0]
+        index = "{i}" if patterns and match.groupdict().get("i") else match.groupdict().get("i")
+        try:
+            steps = tuple(parse_step(s) for s in rule.steps)
+        except ValueError as exc:
+            problems.append(f"{rule.canonical}: {exc}")
+            continue
+        out.append(
+            Resolved(
+                spec,
+                rule,
+                _fill(rule.source, index, prefix),
+                tuple(_fill(k, index, prefix) for k in rule.copies),
+                tuple(_fill(k, index, prefix) for k in rule.fallbacks),
+                steps,
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def native_shape(r: Resolved) -> tuple[int, ...]:
+    """The source shape that the steps turn into the canonical shape (the steps run backwards)."""
+    shape = r.spec.shape
+    for step in reversed(r.steps):
+        shape = tuple(step.native_shape(shape, r.spec))
+    return shape
+
+
+# -- the config ----------------------------------------------------------------------------------
+
+
+def fixed_problems(table: Table, c: TransformerConfig) -> list[str]:
+    """'field: why' for every fixed field that `c` contradicts."""
+    problems = []
+    learned = c.position_kind == "learned" and any(b.learned for b in table.buffers)
+    for name, value in table.fixed.items():
+        if learned and name in ("position_kind", "sinusoid_layout"):
+            continue  # the stored table imported as learned positions, as the user asked
+        if getattr(c, name) != value:
+            why = table.why.get(name, f"{table.model} has {value!r}")
+            problems.append(f"{name}: {why}")
+    return problems
+
+
+def file_sizes(table: Table, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The config fields that the file's shapes tell (`sizes`, `layer_counts`)."""
+    prefix = prefix_of(table, list(shapes))
+    found: dict[str, int] = {}
+    for name, (key, axis) in table.sizes.items():
+        shape = shapes.get(_fill(key, None, prefix))
+        if name not in found and shape is not None and len(shape) > axis:
+            found[name] = int(shape[axis])
+    for name, key in table.layer_counts.items():
+        pattern = (
+            re.escape(_fill(key, None, prefix))
+            .replace(re.escape("{i}"), r"(\d{1,9})")
+            .replace(re.escape("{_i}"), r"(?:_(\d{1,9}))?")
+        )
+        indices = {int(m[1] or 0) for n in shapes if (m := re.match(pattern, n))}
+        if indices:
+            found[name] = max(indices) + 1
+    return found
+
+
+def assemble_config(
+    table: Table,
+    shapes: Mapping[str, tuple[int, ...]],
+    given: Mapping[str, Any] | None = None,
+    *,
+    learned_positions: bool = False,
+) -> TransformerConfig:
+    """The config of the model in the file: the table's fixed fields and defaults, the sizes the
+    file tells, and the user's `given` fields (from --config). Every contradiction between them
+    and every field that nobody gives is refused by name, all at once."""
+    given = dict(given or {})
+    problems: list[str] = []
+    fields_: dict[str, Any] = {**table.defaults, **table.fixed}
+    if learned_positions:
+        buffer = _learned_buffer(table, problems)
+        if buffer is not None:
+            fields_["position_kind"] = "learned"
+            shape = shapes.get(_fill(buffer.source, None, prefix_of(table, list(shapes))))
+            if shape is not None:
+                squeezed = [d for i, d in enumerate(shape) if not _squeezed_axis(buffer, i)]
+                fields_["max_len"] = int(squeezed[0])
+    told = file_sizes(table, shapes)
+    for name, value in given.items():
+        if name in table.fixed and value != fields_[name]:
+            why = table.why.get(name, f"{table.model} has {table.fixed[name]!r}")
+            problems.append(f"{name}: --config says {brief(value)}, but {why}")
+        elif name in told and value != told[name]:
+            problems.append(
+                f"{name}: --config says {brief(value)}, but the file's shapes say {told[name]}"
+            )
+    fields_.update(told)
+    fields_.update({k: v for k, v in given.items() if k not in table.fixed})
+    missing = [n for n in table.needs if n not in fields_]
+    for name in missing:
+        problems.append(f"{name}: the file cannot tell it; give it in --config FILE.json")
+    if problems:
+        raise ConfigError(problems)
+    if fields_.get("key_dim") is not None and "d_model" in fields_ and "num_heads" in fields_:
+        d, h = fields_["d_model"], fields_["num_heads"]
+        if isinstance(d, int) and isinstance(h, int) and h > 0 and d == h * fields_["key_dim"]:
+            fields_["key_dim"] = None  # d_model / h: the paper's case, stated as such
+    return TransformerConfig.from_dict(fields_)
+
+
+def _learned_buffer(table: Table, problems: list[str]) -> Buffer | None:
+    candidates = [b for b in table.buffers if b.learned]
+    if not candidates:
+        problems.append(
+            f"--learned-positions: {table.model} stores no position table to import as learned"
+        )
+        return None
+    return candidates[0]
+
+
+def _squeezed_axis(buffer: Buffer, axis: int) -> bool:
+    return any(s == f"squeeze:{axis}" for s in buffer.steps)
+
+
+# -- buffers --------------------------------------------------------------------------------------
+
+
+def sinusoid_bound(length: int, dtype: np.dtype, computed_in: str) -> np.ndarray:
+    """The largest difference a correct sinusoid table may have from the float64 one, per row.
+
+    "float64": computed in float64 and rounded once to the stored dtype: eps of that dtype (the
+    values lie in [-1, 1], where one rounding is at most eps/2).
+    "stored": computed in the stored dtype itself, as torch's default-dtype code does
+    (`div = exp(arange(0, d, 2) * -(ln 10000 / d))`, `angle = pos * div`). With u = eps/2: the
+    exponent carries at most 2u relative error on |x| <= ln 10000 = 9.21, so 18.4u absolute; exp
+    adds 2u relative; the product pos * div adds u. The angle is then off by at most
+    pos * 21.4u (div <= 1), and sin or cos, 1-Lipschitz, passes that on and adds its own 2u:
+    (21.4 pos + 2) u = (10.7 pos + 1) eps. Rounded up to (11 pos + 1) eps. A wrong layout or a
+    learned table differs by O(1) already at position 1.
+    """
+    eps = float(np.finfo(dtype).eps)
+    if computed_in == "float64":
+        return np.full((length, 1), eps)
+    return ((11.0 * np.arange(length) + 1.0) * eps)[:, None]
+
+
+def buffer_problems(
+    table: Table, arrays: Mapping[str, np.ndarray], c: TransformerConfig, prefix: str = ""
+) -> list[str]:
+    """A stored position table must be the sinusoid of the layout the table claims, within
+    sinusoid_bound. Each one that is not is named, with how to import it as learned positions."""
+    problems = []
+    for buffer in table.buffers:
+        key = _fill(buffer.source, None, prefix)
+        if key not in arrays:
+            continue
+        table_, problem = _buffer_table(buffer, key, arrays[key], c)
+        if problem:
+            problems.append(problem)
+            continue
+        if c.position_kind == "learned" and buffer.learned:
+            continue  # imported as the learned table, as the user asked
+        want = sinusoidal_positions(table_.shape[0], c.d_model, buffer.layout)
+        gaps = np.abs(table_.astype(np.float64) - want)
+        bound = sinusoid_bound(table_.shape[0], table_.dtype, buffer.computed_in)
+        bad = np.flatnonzero((gaps > bound).any(axis=1))
+        if bad.size:
+            worst = int(bad[0])  # the first position off
+            hint = (
+                "; pass --learned-positions to import it as learned positions"
+                if buffer.learned
+                else "; learned or other positions cannot be imported"
+            )
+            problems.append(
+                f"{key} is not the {buffer.layout} sinusoid table (position {worst} differs by "
+                f"{gaps[worst].max():.3g} > {bound[worst, 0]:.3g}){hint}"
+            )
+    return problems
+
+
+def _buffer_table(
+    buffer: Buffer, key: str, array: np.ndarray, c: TransformerConfig
+) -> tuple[np.ndarray, str | None]:
+    a = np.asarray(array)
+    if a.dtype.kind != "f":
+        return a, f"wrong dtype for {key}: {a.dtype.name}; a position table holds floats"
+    for text in buffer.steps:
+        step = parse_step(text)
+        try:
+            a = step.apply(a, None, c)  # type: ignore[arg-type]  # squeeze needs no spec
+        except ValueError:
+            return a, f"wrong shape for {key}: {list(np.shape(array))} ({step.describe} fails)"
+    if a.ndim != 2 or a.shape[1] != c.d_model:
+        return a, (
+            f"wrong shape for {key}: file has {list(np.shape(array))}, a table of "
+            f"[length, {c.d_model}] is needed"
+        )
+    return a, None
+
+
+# -- the tensors ----------------------------------------------------------------------------------
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _first_present(r: Resolved, arrays: Mapping[str, np.ndarray]) -> str | None:
+    return next((k for k in r.keys if k in arrays), None)
+
+
+def to_canonical(
+    table: Table,
+    tensors: Mapping[str, np.ndarray],
+    c: TransformerConfig,
+    source: str = "<weights>",
+    extra_problems: Callable[[Mapping[str, np.ndarray]], list[str]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Canonical tensors, in canonical order and in the file's dtype, from the source arrays.
+
+    Checks the fixed config fields first (ConfigError naming each), then reports every missing,
+    unexpected, wrong-shaped and wrong-dtype tensor, every broken tie and every position table
+    that is not the claimed sinusoid, at once, in one WeightFileError labelled `source`."""
+    problems = fixed_problems(table, c)
+    if problems:
+        raise ConfigError(problems)
+    arrays = {k: np.asarray(v) for k, v in tensors.items()}
+    prefix = prefix_of(table, list(arrays))
+    resolved = resolve(table, c, prefix)
+    buffer_keys = {_fill(b.source, None, prefix) for b in table.buffers}
+
+    used: dict[str, str] = {}  # canonical name -> key read
+    missing: list[str] = []
+    for r in resolved:
+        key = _first_present(r, arrays)
+        if key is None:
+            if not r.rule.absent_zeros and r.key not in missing:
+                missing.append(r.key)
+            continue
+        used[r.spec.name] = key
+    known = {k for r in resolved for k in r.keys} | buffer_keys
+    unexpected = sorted(k for k in arrays if k not in known)
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
+        problems += [hint for key, hint in table.hints.items() if key in unexpected]
+    misshaped: set[str] = set()  # a packed source is named once, not once per block
+    for r in resolved:
+        key = used.get(r.spec.name)
+        if key is None:
+            continue
+        want = native_shape(r)
+        if arrays[key].shape != want and key not in misshaped:
+            misshaped.add(key)
+            problems.append(
+                f"wrong shape for {key}: file has {list(arrays[key].shape)}, config needs "
+                f"{list(want)}"
+            )
+        for copy in r.copies:
+            if copy != key and copy in arrays and not _same(arrays[copy], arrays[key]):
+                problems.append(f"{copy} differs from {key}, but {table.tie_reason}")
+    if extra_problems is not None:
+        problems += extra_problems(arrays)
+    problems += buffer_problems(table, arrays, c, prefix)
+    read = sorted(set(used.values()))
+    problems += dtype_problems({k: (arrays[k].dtype.name, arrays[k].shape) for k in read})
+    if problems:
+        raise WeightFileError(source, problems)
+
+    out: dict[str, np.ndarray] = {}
+    dtype = arrays[read[0]].dtype if read else np.dtype(np.float32)
+    for r in resolved:
+        if r.spec.name in used:
+            value = arrays[used[r.spec.name]]
+            for step in r.steps:
+                value = step.apply(value, r.spec, c)
+        else:  # absent_zeros
+            value = np.zeros(r.spec.shape, dtype=dtype)
+        assert value.shape == r.spec.shape, f"{r.spec.name}: {value.shape} != {r.spec.shape}"
+        out[r.spec.name] = np.ascontiguousarray(value)
+    return out
+
+
+def rows(
+    table: Table, c: TransformerConfig, prefix: str = "", patterns: bool = False
+) -> list[tuple[str, str, str]]:
+    """(source key, canonical name(s), steps) for every tensor of the file, in canonical order; a
+    packed source lists its canonical names joined by ', '. Then the copies, fallbacks and
+    buffers. For docs/PORTING.md, which shows them with `patterns` ({i}, {_i} left in)."""
+    grouped: dict[str, tuple[list[str], str]] = {}
+    extra: list[tuple[str, str, str]] = []
+    for r in resolve(table, c, prefix, patterns):
+        how = describe_steps(r.steps)
+        if r.rule.absent_zeros:
+            how += "; zeros when absent"
+        names, _ = grouped.setdefault(r.key, ([], how))
+        names.append(r.spec.name)
+        for copy in r.copies:
+            extra.append((copy, r.spec.name, f"optional; must equal {r.key} (tied)"))
+        for fallback in r.fallbacks:
+            extra.append((fallback, r.spec.name, f"read only when {r.key} is absent"))
+    out = [(key, ", ".join(names), how) for key, (names, how) in grouped.items()]
+    for buffer in table.buffers:
+        how = f"checked against the {buffer.layout} sinusoid table, then dropped"
+        out_steps = [parse_step(s) for s in buffer.steps]
+        if out_steps:
+            how = describe_steps(out_steps) + ", " + how
+        if buffer.learned:
+            how += "; with --learned-positions, imported as " + ", ".join(buffer.learned)
+        extra.append((_fill(buffer.source, None, prefix), "(none: computed)", "optional; " + how))
+    return out + _unique(extra)
+
+
+def _unique(items: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    seen, out = set(), []
+    for item in items:
+        if item[0] not in seen:
+            seen.add(item[0])
+            out.append(item)
+    return out
