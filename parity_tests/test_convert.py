@@ -106,7 +106,10 @@ def test_chain_through_every_native_format_is_bit_exact(capsys, tmp_path, config
         (["in.pt", "out.safetensors", "--from", "torch"], "--config FILE.json is required"),
         ([VECTOR, VECTOR], "exists; pass --force to overwrite it"),
         ([VECTOR, "nofolder/out.safetensors"], "the destination folder does not exist"),
-        ([VECTOR, "out.bin", "--from", "rosetta", "--to", "marian"], "invalid choice: 'marian'"),
+        (
+            [VECTOR, "out.bin", "--from", "rosetta", "--to", "annotated"],
+            "invalid choice: 'annotated'",
+        ),
     ],
 )
 def test_refusals_are_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message):

@@ -37,6 +37,7 @@ TABLE_KINDS = (
     "map",  # the user's own table: --map MAP.json
 )
 IMPORT_KINDS = ("nn-transformer", "marian", *TABLE_KINDS)
+EXPORT_KINDS = ("marian",)  # outside models that can also be written
 KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
 SUFFIXES = {
     ".safetensors": "rosetta",
@@ -225,6 +226,10 @@ def write_destination(
         save_weights(path, tensors, config, producer=producer)
     elif kind in NATIVE_KINDS:
         get_backend(NATIVE_KINDS[kind]).save_native(path, config, tensors)
+    elif kind == "marian":
+        from common.porting.marian import write_marian_dir
+
+        write_marian_dir(path, config, tensors)
     else:
         raise ConvertError(
             f"--to {kind}: {kind} is import-only; write rosetta, torch, keras or flax"
@@ -261,12 +266,20 @@ def convert(
         regular_file(src, "a file to convert")
     if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
-    dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
+    if to_kind == "marian":  # a folder of three files
+        from common.files.outputs import check_output_folder
+        from common.porting.marian import EXPORT_FILES
+
+        dst = check_output_folder(
+            dst, EXPORT_FILES, what="DST", force=force, inputs=(src, *also_read)
+        )
+    else:
+        dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
     from_kind = from_kind or ("map" if table is not None else infer_source_kind(src))
     to_kind = to_kind or infer_destination_kind(dst)
-    if to_kind in IMPORT_KINDS:
+    if to_kind in IMPORT_KINDS and to_kind not in EXPORT_KINDS:
         raise ConvertError(
-            f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras or flax"
+            f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras, flax or marian"
         )
     model_config, tensors = read_source(
         src, from_kind, config, table=table, learned_positions=learned_positions

@@ -56,6 +56,10 @@ class Step:
     describe: str
     native_shape: Callable[[tuple[int, ...], TensorSpec], tuple[int, ...]]
     apply: Callable[[np.ndarray, TensorSpec, TransformerConfig], np.ndarray]
+    # The way out (export, from_canonical): the array before the step from the array after it.
+    # A split's block is returned as it is; from_canonical stacks the blocks of one key.
+    invert: Callable[[np.ndarray, TensorSpec], np.ndarray] = lambda a, spec: a
+    block: tuple[int, int] | None = None  # (K, N) of a split
 
 
 def _merged_heads(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
@@ -73,6 +77,7 @@ def _split(text: str, part: int, parts: int) -> Step:
         f"rows {part + 1} of {parts} (a packed q/k/v)",
         lambda shape, spec: (shape[0] * parts, *shape[1:]),
         lambda a, spec, c: a[part * (a.shape[0] // parts) : (part + 1) * (a.shape[0] // parts)],
+        block=(part, parts),
     )
 
 
@@ -82,6 +87,7 @@ def _squeeze(text: str, axis: int) -> Step:
         f"axis {axis} of size 1 dropped",
         lambda shape, spec: (*shape[:axis], 1, *shape[axis:]),
         lambda a, spec, c: np.squeeze(a, axis=axis),
+        lambda a, spec: np.expand_dims(a, axis),
     )
 
 
@@ -91,6 +97,7 @@ def _scale(text: str, factor: float) -> Step:
         f"multiplied by {factor:g}",
         lambda shape, spec: shape,
         lambda a, spec, c: (a * np.asarray(factor, a.dtype)).astype(a.dtype),
+        lambda a, spec: (a / np.asarray(factor, a.dtype)).astype(a.dtype),
     )
 
 
@@ -106,12 +113,14 @@ STEPS: dict[str, Step] = {
         "transposed ([out, in] -> [in, out])",
         lambda shape, spec: tuple(reversed(shape)),
         lambda a, spec, c: a.T,
+        lambda a, spec: a.T,
     ),
     "heads": Step(
         "heads",
         "split into heads",
         _merged_heads,
         lambda a, spec, c: a.reshape(spec.shape),
+        lambda a, spec: a.reshape(_merged_heads(spec.shape, spec)),
     ),
     "zero_pad_row": Step(
         "zero_pad_row",
@@ -541,6 +550,36 @@ def to_canonical(
             value = np.zeros(r.spec.shape, dtype=dtype)
         assert value.shape == r.spec.shape, f"{r.spec.name}: {value.shape} != {r.spec.shape}"
         out[r.spec.name] = np.ascontiguousarray(value)
+    return out
+
+
+def from_canonical(
+    table: Table, tensors: Mapping[str, np.ndarray], c: TransformerConfig
+) -> dict[str, np.ndarray]:
+    """The way out: {source key: array} for the model in `tensors` (canonical names), each rule's
+    steps inverted in reverse order. Only each rule's own key is written (not its copies or
+    fallbacks: a tied matrix once, as its framework saves it), the blocks of a packed key are
+    stacked in order, and buffers are left out (the reader computes them). The table's fixed
+    fields are checked first (ConfigError naming each)."""
+    problems = fixed_problems(table, c)
+    if problems:
+        raise ConfigError(problems)
+    out: dict[str, np.ndarray] = {}
+    blocks: dict[str, dict[int, np.ndarray]] = {}
+    for r in resolve(table, c):
+        value = np.asarray(tensors[r.spec.name])
+        block = None
+        for step in reversed(r.steps):
+            value = step.invert(value, r.spec)
+            block = step.block or block
+        if block is None:
+            out[r.key] = np.ascontiguousarray(value)
+        else:
+            blocks.setdefault(r.key, {})[block[0]] = value
+            if len(blocks[r.key]) == block[1]:
+                parts = blocks.pop(r.key)
+                out[r.key] = np.ascontiguousarray(np.concatenate([parts[k] for k in sorted(parts)]))
+    assert not blocks, f"packed keys with missing blocks: {sorted(blocks)}"
     return out
 
 

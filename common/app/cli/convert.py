@@ -51,7 +51,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
-    from common.porting.convert import IMPORT_KINDS, KINDS
+    from common.porting.convert import EXPORT_KINDS, IMPORT_KINDS, KINDS
 
     p = sub.add_parser(
         "convert",
@@ -60,7 +60,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "Convert SRC to DST. Kinds: rosetta (the shared .safetensors), torch (our torch "
             "state_dict, .pt/.bin), keras (our .weights.h5), flax (our .msgpack), and, as sources "
             "only: nn-transformer (a torch.nn.Transformer state_dict with the user's embeddings "
-            "and output Linear), marian (a Hugging Face MarianMTModel folder), annotated (the "
+            "and output Linear), marian (a Hugging Face MarianMTModel folder; also written, with --to "
+            "marian: a folder that transformers loads), annotated (the "
             "Annotated Transformer's state_dict), pytorch-tutorial (the PyTorch translation "
             "tutorial's Seq2SeqTransformer), tf-tutorial-v1 and tf-tutorial-v2 (the older and the "
             "current TensorFlow Transformer tutorial, .weights.h5), keras-prenorm (the Keras "
@@ -78,6 +79,7 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "  rosetta convert model.pt model.weights.h5 --config config.json\n"
             "  rosetta convert my_nn_transformer.pt model.safetensors --from nn-transformer --config c.json\n"
             "  rosetta convert ./opus-mt-folder model.safetensors\n"
+            "  rosetta convert model.safetensors ./my-marian-folder --to marian\n"
             "  rosetta convert annotated.pt model.safetensors --config heads.json   "
             '# heads.json: {"num_heads": 8}\n'
             "  rosetta convert mine.pt model.safetensors --map mine.map.json --config heads.json"
@@ -85,12 +87,12 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", help="the file (or Marian folder) to read")
-    p.add_argument("dst", help="the file to write")
+    p.add_argument("dst", help="the file (or, with --to marian, the folder) to write")
     p.add_argument("--from", dest="from_kind", choices=list(KINDS), help="the source kind")
     p.add_argument(
         "--to",
         dest="to_kind",
-        choices=[k for k in KINDS if k not in IMPORT_KINDS],
+        choices=[k for k in KINDS if k not in IMPORT_KINDS or k in EXPORT_KINDS],
         help="the destination kind",
     )
     p.add_argument(
