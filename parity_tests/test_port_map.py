@@ -20,18 +20,10 @@ from common.decoding.search import log_softmax
 from common.spec.tolerances import atol_for
 from common.weights.format import load_weights
 from parity_tests.conftest import backend_or_skip
+from parity_tests.fixtures import SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_MAP = ROOT / "docs" / "examples" / "home_made.map.json"
-SIZES = dict(
-    src_vocab_size=23,
-    tgt_vocab_size=29,
-    d_model=12,
-    num_heads=2,
-    d_ff=20,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-)
 PROJECTIONS = {"0": "q", "1": "k", "2": "v", "3": "o"}
 LEAVES = {"weight": "w", "bias": "b"}
 # The Annotated Transformer's name -> the invented one (regex, replacement).

@@ -28,16 +28,8 @@ from common.spec.inputs import ragged_batch
 from common.spec.tolerances import atol_for
 from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from parity_tests.fixtures import SIZES
 
-SIZES = dict(
-    src_vocab_size=23,
-    tgt_vocab_size=29,
-    d_model=12,
-    num_heads=2,
-    d_ff=20,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-)
 # Per fixture: its module, the framework it needs, the layer counts where they may differ, and
 # the special ids its text uses (Annotated: <s> 0, </s> 1, <blank> 2 as in its Multi30k
 # example; PyTorch tutorial: PAD 1, BOS 2, EOS 3; TensorFlow: [PAD] 0, [START] 2, [END] 3; the
