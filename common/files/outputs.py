@@ -269,11 +269,14 @@ def atomic_write(
         tmpdir = _make_temp_folder(folder, path.name)
     except OSError as exc:
         raise OutputError(f"cannot write in {shown(folder)}: {_reason(exc)}") from None
+    received = len(_RECEIVED)
     try:
         tmp = os.path.join(tmpdir, path.name)
         try:
             write(tmp)
         except Exception as exc:  # noqa: BLE001 - every writer's own error type, named once
+            if len(_RECEIVED) > received:  # the writer turned our signal into its own error
+                raise Interrupted(_RECEIVED[-1]) from exc
             reason = (_reason(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise WriteFailed(f"cannot write {shown(path)}: {reason}") from exc
         with open(tmp, "rb+") as f:
@@ -331,7 +334,14 @@ def remove_pending() -> None:
         _PENDING.discard(tmpdir)
 
 
+# Every signal _on_signal took, in order: a writer library that catches the Interrupted raised
+# inside its own code (h5py, in an HDF5 callback) and raises its own error instead still ends as
+# that signal (atomic_write).
+_RECEIVED: list[int] = []
+
+
 def _on_signal(signum: int, _frame: object) -> None:
+    _RECEIVED.append(signum)
     remove_pending()
     raise Interrupted(signum)
 
