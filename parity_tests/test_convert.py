@@ -36,12 +36,15 @@ def config_file(tmp_path):
     return path
 
 
-def test_rosetta_to_rosetta_prints_one_summary_line(capsys, tmp_path):
+def test_rosetta_to_rosetta_prints_the_summary_and_the_verification(capsys, tmp_path):
     code, out, _ = run(capsys, "convert", VECTOR, tmp_path / "copy.safetensors")
     assert code == 0
+    # The oracle runs both sides on the same float64 tensors: the difference is exactly 0.
     assert out == (
         f"converted {VECTOR} (rosetta) -> {tmp_path / 'copy.safetensors'} (rosetta): "
         "94 tensors, 7,761 parameters, float64\n"
+        "verified: max |logit difference| 0 <= 1e-10, numpy float64 oracle vs numpy float64 "
+        "oracle, 2 seeded ragged probes\n"
     )
     again = load_weights(tmp_path / "copy.safetensors")
     original = load_weights(VECTOR)

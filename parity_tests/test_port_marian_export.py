@@ -85,6 +85,25 @@ def export(tmp_path, config: TransformerConfig, seed: int = 0):
     return weights, folder
 
 
+def test_the_written_folder_carries_its_verification(tmp_path):
+    """convert --to marian runs the folder in transformers against the float64 oracle on our
+    file, and stores the record in model.safetensors' header, which transformers ignores."""
+    from safetensors import safe_open
+
+    _, folder = export(tmp_path, config_of("shared-tied-relu"))
+    with safe_open(folder / "model.safetensors", "np") as f:
+        metadata = f.metadata()
+    assert metadata["format"] == "pt"  # what transformers checks
+    check = json.loads(metadata["provenance"])["verify"]
+    assert check["passed"] and check["sides"][0] == "numpy float64 oracle"
+    assert check["sides"][1].startswith("transformers ") and "MarianMTModel" in check["sides"][1]
+    assert 0 < check["max_abs_logit_diff"] <= check["bound"] == atol_for("float32")
+    # transformers gives a fully padded source row uniform attention over the pads, we give
+    # zeros (docs/PORTING.md): those rows are not probed.
+    assert check["probe_rows"] == "ragged_batch without fully padded source rows"
+    assert check["probe_shapes"] == [[2, 7, 5], [2, 4, 9]]
+
+
 def test_marian_in_then_out_is_the_same_file(saved, tmp_path):  # noqa: F811
     """Marian -> rosetta -> Marian: every tensor transformers saved comes back, bit for bit."""
     _, folder, _, _, _, _ = saved

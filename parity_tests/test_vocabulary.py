@@ -87,6 +87,12 @@ ONLY_IN: dict[tuple[str, str], str] = {
     # backend.py
     ("torch_impl", "backend.Backend.read_tensors"): "only torch reads other models' checkpoints "
     "(nn.Transformer, Marian .bin) for common/porting",
+    ("torch_impl", "backend.Backend.export_onnx"): "only torch ships an ONNX exporter "
+    "(torch_impl/onnx_export.py); its graph serves all three",
+    ("torch_impl", "backend.Backend.load_marian"): "transformers' MarianMTModel is a torch "
+    "module: convert --verify runs a Marian folder through torch",
+    ("torch_impl", "backend.Backend.marian_logits"): "the Marian folder's logits, for "
+    "convert --verify (see load_marian)",
     ("tf_impl", "backend.tf_device"): "TensorFlow places work by device name ('/GPU:0')",
     ("jax_impl", "backend.jax_device"): "JAX places arrays on jax.Device objects",
     ("tf_impl", "backend.Model.decode_functions"): "the tf.function traces live with their "

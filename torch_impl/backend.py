@@ -279,3 +279,43 @@ class TorchBackend:
         if problems:
             raise WeightFileError(str(path), problems)
         return out
+
+    # idiom: torch's exporter makes the ONNX graphs (torch_impl/onnx_export.py says why)
+    def export_onnx(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        graph: str = "forward",
+        attention: bool = False,
+        max_steps: int | None = None,
+    ) -> object:
+        """The onnx.ModelProto of one graph (common.spec.names.ONNX_GRAPHS) of a float32 model
+        holding `weights`, traced on the CPU. Needs the onnx extra (onnx, onnxscript)."""
+        from torch_impl.onnx_export import export_graph
+
+        model = self.build(config, weights, dtype="float32")
+        return export_graph(model.module, graph, attention=attention, max_steps=max_steps)
+
+    # idiom: transformers' MarianMTModel is a torch module (convert --verify runs a Marian folder)
+    def load_marian(self, folder: str | Path) -> object:
+        """transformers' MarianMTModel from a folder, in eval mode, in float32."""
+        from transformers import MarianMTModel
+
+        return MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+
+    # idiom: runs the torch module load_marian returned
+    def marian_logits(self, model: object, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
+        """MarianMTModel's logits (B, T, V) with our masks: the source's pads masked, and the
+        decoder's pads masked except position 0 (the start token, which is Marian's pad id)."""
+        pad = model.config.pad_token_id
+        decoder_mask = tgt_in != pad
+        decoder_mask[:, 0] = True
+        with torch.inference_mode():
+            out = model(
+                input_ids=torch.from_numpy(src),
+                attention_mask=torch.from_numpy((src != pad).astype(np.int64)),
+                decoder_input_ids=torch.from_numpy(tgt_in),
+                decoder_attention_mask=torch.from_numpy(decoder_mask.astype(np.int64)),
+            )
+        return out.logits.numpy()

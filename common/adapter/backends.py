@@ -190,6 +190,9 @@ class BackendInfo:
     requires: tuple[str, ...]  # top-level packages that must be importable
     extra: str  # pip extra that installs them
     label: str = field(default="")
+    # A runtime of graphs exported from an implementation (onnx), not an implementation: it
+    # runs in `rosetta parity`, and is left out of FRAMEWORKS, which tests train and save with.
+    exported: bool = False
 
 
 REGISTRY: dict[str, BackendInfo] = {
@@ -215,8 +218,24 @@ REGISTRY: dict[str, BackendInfo] = {
     "jax": BackendInfo(
         "jax", "jax_impl.backend", "FlaxBackend", ("jax", "flax"), "jax", "Flax NNX / JAX"
     ),
+    "onnx": BackendInfo(
+        "onnx",
+        "common.adapter.onnx_backend",
+        "OnnxBackend",
+        ("torch", "onnx", "onnxscript", "onnxruntime"),
+        "onnx",
+        "ONNX Runtime (torch's exported graph)",
+        exported=True,
+    ),
 }
-FRAMEWORKS = tuple(REGISTRY)
+FRAMEWORKS = tuple(name for name, info in REGISTRY.items() if not info.exported)
+RUNTIMES = tuple(REGISTRY)
+# A native checkpoint's kind (`rosetta convert --from/--to`) -> the backend that reads it.
+NATIVE_BACKENDS = {
+    "torch": "torch",
+    "keras": "tf",
+    "flax": "jax",
+}  # what `rosetta parity --frameworks` can run: FRAMEWORKS and onnx
 
 
 def unavailable_reason(name: str) -> str | None:

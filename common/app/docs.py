@@ -24,6 +24,7 @@ from common.weights.format import (
     META_CONFIG,
     META_FORMAT,
     META_PRODUCER,
+    META_PROVENANCE,
     META_TASK,
     META_VERSION,
     SAFETENSORS_DTYPES,
@@ -111,6 +112,10 @@ def metadata_table() -> str:
     lines.append(
         f"| `{META_TASK}` | optional: the generated task (`common/app/tasks.py`) a trained model "
         "belongs to, whose tokenizer `rosetta translate` uses |"
+    )
+    lines.append(
+        f"| `{META_PROVENANCE}` | optional: JSON, written by `rosetta convert`: where the file came "
+        "from and how the conversion was checked (below) |"
     )
     return "\n".join(lines)
 

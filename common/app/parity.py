@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason
+from common.adapter.backends import FRAMEWORKS, RUNTIMES, get_backend, unavailable_reason
 from common.errors import RosettaError
 from common.oracle import reference
 from common.spec.config import TransformerConfig
@@ -217,10 +217,10 @@ def run_parity(
     Unknown framework names are a RosettaError; frameworks that cannot run here are listed in
     `skipped` with the reason. The oracle always runs, as the reference.
     """
-    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    unknown = [f for f in frameworks if f not in RUNTIMES]
     if unknown:
         raise RosettaError(
-            f"unknown framework {', '.join(map(repr, unknown))}; known: {', '.join(FRAMEWORKS)}"
+            f"unknown framework {', '.join(map(repr, unknown))}; known: {', '.join(RUNTIMES)}"
         )
     tol = atol_for(dtype, config, precision)
     say = progress or (lambda _msg: None)

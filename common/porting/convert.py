@@ -9,25 +9,32 @@ written through the backend registry, so this module imports no framework itself
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.adapter.backends import get_backend
+from common.adapter.backends import NATIVE_BACKENDS, get_backend
 from common.errors import RosettaError
 from common.files.outputs import check_free_space, check_output_file
 from common.files.safe_read import regular_file, shown
+from common.porting.verify import Provenance, VerificationFailed
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import dtype_name
 from common.spec.names import parameter_count
-from common.weights.format import check_finite, check_tensors, load_weights, save_weights
+from common.weights.format import (
+    check_finite,
+    check_tensors,
+    load_weights,
+    nonfinite_counts,
+    save_weights,
+)
 
-# kind -> the backend whose native checkpoint it is
-NATIVE_KINDS = {"torch": "torch", "keras": "tf", "flax": "jax"}
+NATIVE_KINDS = NATIVE_BACKENDS  # kind -> the backend whose native checkpoint it is
 TABLE_KINDS = (
     "annotated",
     "pytorch-tutorial",
@@ -37,10 +44,12 @@ TABLE_KINDS = (
     "map",  # the user's own table: --map MAP.json
 )
 IMPORT_KINDS = ("nn-transformer", "marian", *TABLE_KINDS)
-EXPORT_KINDS = ("marian",)  # outside models that can also be written
+EXPORT_KINDS = ("marian", "onnx")  # outside models that can be written
+EXPORT_ONLY_KINDS = ("onnx",)  # ... and that cannot be read
 KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
 SUFFIXES = {
     ".safetensors": "rosetta",
+    ".onnx": "onnx",
     ".weights.h5": "keras",
     ".msgpack": "flax",
     ".pt": "torch",
@@ -62,12 +71,25 @@ class Converted:
     tensors: int
     parameters: int
     dtype: str
+    provenance: Provenance | None = None
 
     def summary(self) -> str:
-        return (
+        lines = [
             f"converted {self.src} ({self.from_kind}) -> {self.dst} ({self.to_kind}): "
             f"{self.tensors} tensors, {self.parameters:,} parameters, {self.dtype}"
-        )
+        ]
+        record = self.provenance.verify if self.provenance else {}
+        if "max_abs_logit_diff" in record:
+            lines.append(
+                f"verified: max |logit difference| {record['max_abs_logit_diff']:.2g} <= "
+                f"{record['bound']:.0e}, {' vs '.join(record['sides'])}, "
+                f"{len(record['probe_shapes'])} seeded ragged probes"
+            )
+        elif "not_run" in record:
+            lines.append(f"not verified: {record['not_run']}")
+        if self.provenance and self.to_kind not in STAMPED_KINDS:
+            lines.append(f"({self.to_kind} files have no metadata: the record is not stored)")
+        return "\n".join(lines)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -100,6 +122,8 @@ def infer_source_kind(path: Path) -> str:
         raise ConvertError(
             f"{path}: cannot tell its kind from the name; give --from ({', '.join(KINDS)})"
         )
+    if kind in EXPORT_ONLY_KINDS:
+        raise ConvertError(f"{path}: {kind} is written, not read; convert from the weights")
     if kind == "torch":
         names = get_backend("torch").read_tensors(path)
         return _outside_kind(names, ORIGINS_PT) or kind
@@ -135,7 +159,7 @@ def infer_destination_kind(path: Path) -> str:
     if kind is None:
         raise ConvertError(
             f"{path}: cannot tell the kind to write from the name (.safetensors, .pt, "
-            ".weights.h5, .msgpack); give --to"
+            ".weights.h5, .msgpack, .onnx); give --to"
         )
     return kind
 
@@ -221,7 +245,9 @@ def write_destination(
     config: TransformerConfig,
     tensors: Mapping[str, np.ndarray],
     producer: str,
+    onnx: Mapping[str, Any] | None = None,
 ) -> None:
+    """Write `tensors` as `kind`; `onnx` holds write_onnx's graph options."""
     if kind == "rosetta":
         save_weights(path, tensors, config, producer=producer)
     elif kind in NATIVE_KINDS:
@@ -230,10 +256,18 @@ def write_destination(
         from common.porting.marian import write_marian_dir
 
         write_marian_dir(path, config, tensors)
+    elif kind == "onnx":
+        from common.porting.onnx_file import write_onnx
+
+        write_onnx(path, config, tensors, **(onnx or {}))
     else:
         raise ConvertError(
             f"--to {kind}: {kind} is import-only; write rosetta, torch, keras or flax"
         )
+
+
+# The kinds whose files hold the provenance record (docs/FORMAT.md, "provenance").
+STAMPED_KINDS = ("rosetta", "marian", "onnx")
 
 
 def convert(
@@ -248,12 +282,20 @@ def convert(
     also_read: Sequence[str | Path | None] = (),
     table: Any = None,
     learned_positions: bool = False,
+    verify: bool | None = None,
+    onnx: Mapping[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Converted:
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
     Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
     other files the caller read (a config, a map), which `dst` may not be either. `table` is a
     user's importer table (--map; kind "map"); `learned_positions` imports a stored sinusoid
-    table as learned positions."""
+    table as learned positions. `onnx` holds the ONNX graph's options (graph, attention,
+    max_steps). `progress` is told of the long steps (the export, the verification).
+
+    `verify`: None runs common/porting/verify.py where both sides can run here, True requires it
+    (refused before any work where a side cannot run), False skips it. A destination that misses
+    the bound is removed and VerificationFailed raised."""
     for what, name in (("SRC", src), ("DST", dst)):
         if not os.fspath(name):  # Path("") would be the current folder
             raise ConvertError(f"{what}: the file name is empty")
@@ -279,18 +321,70 @@ def convert(
     to_kind = to_kind or infer_destination_kind(dst)
     if to_kind in IMPORT_KINDS and to_kind not in EXPORT_KINDS:
         raise ConvertError(
-            f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras, flax or marian"
+            f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras, flax, "
+            "marian or onnx"
         )
+    if to_kind == "onnx" and not dst.name.lower().endswith(".onnx"):
+        raise ConvertError(f"DST: {shown(dst)} should end in .onnx")
+    if onnx and to_kind != "onnx":
+        raise ConvertError(
+            f"--graph, --attention and --max-steps apply to --to onnx, not {to_kind}"
+        )
+    why_not = _why_not_verified(from_kind, to_kind, onnx)
+    if verify and why_not:
+        raise ConvertError(f"--verify: {why_not}")
     model_config, tensors = read_source(
         src, from_kind, config, table=table, learned_positions=learned_positions
     )
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
     check_finite(src, tensors, allow_nonfinite)
+    if verify and allow_nonfinite and nonfinite_counts(tensors):
+        raise ConvertError("--verify: the weights hold NaN or Inf, whose logits cannot be compared")
+    if to_kind == "onnx":
+        from common.porting.onnx_file import export_problems
+
+        problems = export_problems(model_config, **_onnx_options(onnx))
+        if problems:
+            raise ConvertError("; ".join(problems))
     # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
     check_free_space(dst.parent, sum(np.asarray(t).nbytes for t in tensors.values()), "DST")
+    say = progress or (lambda _message: None)
+    provenance = _provenance(src, from_kind)
+    made_folder = to_kind == "marian" and not dst.exists()
+    if to_kind == "onnx":
+        say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
     write_destination(
-        dst, to_kind, model_config, tensors, producer=f"rosetta convert from {from_kind}"
+        dst,
+        to_kind,
+        model_config,
+        tensors,
+        producer=f"rosetta convert from {from_kind}",
+        onnx=_onnx_options(onnx),
     )
+    try:
+        if verify is False:
+            provenance.verify = {"not_run": "--no-verify"}
+        elif allow_nonfinite and nonfinite_counts(tensors):
+            provenance.verify = {"not_run": "the weights hold NaN or Inf (--allow-nonfinite)"}
+        elif why_not:
+            provenance.verify = {"not_run": why_not}
+        else:
+            from common.porting.verify import PROBE_SHAPES
+            from common.porting.verify import verify as run_verification
+
+            say(f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes")
+            provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, dst))
+        if not provenance.passed:
+            record = provenance.verify
+            raise VerificationFailed(
+                f"verification failed: max |logit difference| {record['max_abs_logit_diff']:.3g} "
+                f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
+                f"{shown(dst)} was removed"
+            )
+        _stamp(dst, to_kind, provenance)
+    except BaseException:
+        _remove_destination(dst, to_kind, made_folder)
+        raise
     first = next(iter(tensors.values()))
     return Converted(
         str(src),
@@ -301,4 +395,60 @@ def convert(
         len(tensors),
         parameter_count(model_config),
         dtype_name(first.dtype),
+        provenance,
     )
+
+
+def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"graph": "forward", "attention": False, "max_steps": None, **(onnx or {})}
+
+
+def _why_not_verified(from_kind: str, to_kind: str, onnx: Mapping[str, Any] | None) -> str | None:
+    from common.porting.verify import why_not_runnable
+
+    graph = _onnx_options(onnx)["graph"] if to_kind == "onnx" else None
+    return why_not_runnable(from_kind) or why_not_runnable(to_kind, graph)
+
+
+def _provenance(src: Path, from_kind: str) -> Provenance:
+    from common.porting.verify import package_version, sha256_of
+
+    return Provenance(
+        source=str(src),
+        source_kind=from_kind,
+        source_sha256=sha256_of(src),
+        converter=f"transformer-rosetta {package_version('transformer-rosetta')} (rosetta convert)",
+        versions={"numpy": np.__version__, "safetensors": package_version("safetensors")},
+    )
+
+
+def _stamp(dst: Path, to_kind: str, provenance: Provenance) -> None:
+    """Store the provenance record in the destination's metadata, where its format has a place."""
+    from common.weights.format import META_PROVENANCE, add_metadata
+
+    text = provenance.to_json()
+    if to_kind == "rosetta":
+        add_metadata(dst, {META_PROVENANCE: text})
+    elif to_kind == "marian":
+        from common.porting.marian import SAFETENSORS_FILE
+
+        add_metadata(dst / SAFETENSORS_FILE, {META_PROVENANCE: text})
+    elif to_kind == "onnx":
+        from common.porting.onnx_file import add_labels
+
+        add_labels(dst, {META_PROVENANCE: text})
+
+
+def _remove_destination(dst: Path, to_kind: str, made_folder: bool) -> None:
+    """Take back what this conversion wrote: the file, or a Marian folder's files (and the folder
+    when this conversion made it)."""
+    if to_kind != "marian":
+        dst.unlink(missing_ok=True)
+        return
+    from common.porting.marian import EXPORT_FILES
+
+    for name in EXPORT_FILES:
+        (dst / name).unlink(missing_ok=True)
+    if made_folder:
+        with contextlib.suppress(OSError):
+            dst.rmdir()

@@ -124,3 +124,42 @@ def parameter_count(c: TransformerConfig) -> int:
             n *= dim
         total += n
     return total
+
+
+# -- the ONNX graphs' inputs and outputs (torch_impl/onnx_export.py; docs/PORTING.md, "ONNX") ----
+
+ONNX_GRAPHS = ("forward", "encoder", "decoder_step")
+ONNX_CACHE_FIELDS = ("self_key", "self_value", "cross_key", "cross_value")
+
+
+def attention_output_names(c: TransformerConfig) -> list[str]:
+    """Every attention map under common.spec.results.ForwardOutput.named()'s names, in order."""
+    groups = (
+        ("encoder.layers.{}.self_attention", c.num_encoder_layers),
+        ("decoder.layers.{}.self_attention", c.num_decoder_layers),
+        ("decoder.layers.{}.cross_attention", c.num_decoder_layers),
+    )
+    return [pattern.format(i) for pattern, layers in groups for i in range(layers)]
+
+
+def onnx_cache_names(c: TransformerConfig, prefix: str) -> list[str]:
+    """The decoding cache as graph inputs (prefix "past") or outputs ("present"), in order: each
+    decoder layer's four buffers, then the memory mask, key_valid and index."""
+    layers = [
+        f"{prefix}.layers.{i}.{field}"
+        for i in range(c.num_decoder_layers)
+        for field in ONNX_CACHE_FIELDS
+    ]
+    return [*layers, f"{prefix}.memory_mask", f"{prefix}.key_valid", f"{prefix}.index"]
+
+
+def onnx_io_names(c: TransformerConfig, graph: str, attention: bool = False) -> tuple[list, list]:
+    """(inputs, outputs) of one ONNX graph, in order."""
+    if graph == "forward":
+        outputs = ["logits", "encoder_output"]
+        return ["src", "tgt_in"], outputs + (attention_output_names(c) if attention else [])
+    if graph == "encoder":
+        return ["src"], onnx_cache_names(c, "present")
+    if graph == "decoder_step":
+        return ["tokens", *onnx_cache_names(c, "past")], ["logits", *onnx_cache_names(c, "present")]
+    raise ValueError(f"graph: unknown {graph!r}; allowed: {', '.join(ONNX_GRAPHS)}")

@@ -8,7 +8,10 @@ never leaves a partial or clobbered file.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +51,8 @@ META_PRODUCER = "producer"
 META_TASK = (
     "task"  # optional: the generated task (common/app/tasks.py) whose tokenizer the model reads
 )
+# optional: where a converted file came from and how it was checked (common/porting/verify.py)
+META_PROVENANCE = "provenance"
 REQUIRED_METADATA = (META_FORMAT, META_VERSION, META_CONFIG)
 
 # safetensors' dtype codes for the dtypes the format stores.
@@ -462,3 +467,25 @@ def check_finite(path: str | Path, tensors: Mapping[str, np.ndarray], allow: boo
         raise WeightFileError(
             str(path), [f"{describe_nonfinite(found)}; pass --allow-nonfinite to use them anyway"]
         )
+
+
+def add_metadata(path: str | Path, updates: Mapping[str, str]) -> None:
+    """Add string entries to a safetensors file's header metadata, keeping every tensor's bytes:
+    the header is rewritten and the data copied as it is (offsets count from the data's start),
+    atomically. Works on any safetensors file (ours, a Marian folder's model.safetensors)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        data_start = 8 + length
+    header["__metadata__"] = {**(header.get("__metadata__") or {}), **updates}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+
+    def write(tmp: str) -> None:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            dst.write(struct.pack("<Q", len(text)) + text)
+            src.seek(data_start)
+            shutil.copyfileobj(src, dst)
+
+    atomic_write(path, write, os.path.getsize(path) + len(text))

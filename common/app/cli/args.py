@@ -16,7 +16,12 @@ from typing import NoReturn  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
+from common.adapter.backends import (  # noqa: E402
+    FRAMEWORKS,
+    RUNTIMES,
+    get_backend,
+    unavailable_reason,
+)
 from common.app.resources import check_fits, weights_bytes  # noqa: E402
 from common.errors import RosettaError  # noqa: E402
 from common.files.outputs import shown  # noqa: E402
@@ -88,15 +93,24 @@ def repeats_int(text: str) -> int:
     return value
 
 
-def frameworks_arg(text: str) -> list[str]:
-    """An argparse type: a comma-separated list of known frameworks."""
+def _names_arg(text: str, known: tuple[str, ...], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FRAMEWORKS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown framework {', '.join(map(repr, unknown)) or 'list'}; choose from {','.join(FRAMEWORKS)}"
+            f"unknown {what} {', '.join(map(repr, unknown)) or 'list'}; choose from {','.join(known)}"
         )
     return names
+
+
+def frameworks_arg(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of known frameworks."""
+    return _names_arg(text, FRAMEWORKS, "framework")
+
+
+def runtimes_arg(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of frameworks and exported runtimes (onnx)."""
+    return _names_arg(text, RUNTIMES, "framework")
 
 
 # -- the model a command runs -----------------------------------------------------------------

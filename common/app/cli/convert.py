@@ -1,34 +1,53 @@
-"""`rosetta convert`: weights between the shared format, native checkpoints and outside models
-(torch.nn.Transformer, Marian); see common/porting/convert.py."""
+"""`rosetta convert` and `rosetta export`: weights between the shared format, native checkpoints
+and outside models (torch.nn.Transformer, Marian, the tutorials' models, ONNX); see
+common/porting/convert.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from common.app.cli.args import EXIT_OK
+from common.app.cli.args import EXIT_FAILURE, EXIT_OK, positive_int
 from common.spec.config import read_config_fields
 
 
 def run_convert_command(args: argparse.Namespace) -> int:
     from common.porting.convert import convert
     from common.porting.user_map import load_map
+    from common.porting.verify import VerificationFailed
 
     # The fields as written: a table kind takes what the model does not fix from them.
     config = read_config_fields(args.config) if args.config else None
     table = load_map(args.map) if args.map else None
-    done = convert(
-        args.src,
-        args.dst,
-        from_kind=args.from_kind,
-        to_kind=args.to_kind,
-        config=config,
-        force=args.force,
-        allow_nonfinite=args.allow_nonfinite,
-        also_read=(args.config, args.map),
-        table=table,
-        learned_positions=args.learned_positions,
-    )
+    onnx = {
+        key: value
+        for key, value in (
+            ("graph", args.graph),
+            ("attention", args.attention or None),
+            ("max_steps", args.max_steps),
+        )
+        if value is not None
+    }
+    try:
+        done = convert(
+            args.src,
+            args.dst,
+            from_kind=args.from_kind,
+            to_kind=args.to_kind,
+            config=config,
+            force=args.force,
+            allow_nonfinite=args.allow_nonfinite,
+            also_read=(args.config, args.map),
+            table=table,
+            learned_positions=args.learned_positions,
+            verify=args.verify,
+            onnx=onnx or None,
+            progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
+        )
+    except VerificationFailed as exc:  # the work ran and its result is wrong: exit 1, not 2
+        print(f"rosetta: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     if args.json:
         print(
             json.dumps(
@@ -41,6 +60,9 @@ def run_convert_command(args: argparse.Namespace) -> int:
                     "parameters": done.parameters,
                     "dtype": done.dtype,
                     "config": done.config.to_dict(),
+                    "provenance": json.loads(done.provenance.to_json())
+                    if done.provenance
+                    else None,
                 },
                 indent=2,
             )
@@ -51,7 +73,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
-    from common.porting.convert import EXPORT_KINDS, IMPORT_KINDS, KINDS
+    from common.porting.convert import EXPORT_KINDS, EXPORT_ONLY_KINDS, IMPORT_KINDS, KINDS
 
     p = sub.add_parser(
         "convert",
@@ -61,7 +83,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "state_dict, .pt/.bin), keras (our .weights.h5), flax (our .msgpack), and, as sources "
             "only: nn-transformer (a torch.nn.Transformer state_dict with the user's embeddings "
             "and output Linear), marian (a Hugging Face MarianMTModel folder; also written, with --to "
-            "marian: a folder that transformers loads), annotated (the "
+            "marian: a folder that transformers loads), onnx (written only: an ONNX graph, as "
+            "`rosetta export` writes), annotated (the "
             "Annotated Transformer's state_dict), pytorch-tutorial (the PyTorch translation "
             "tutorial's Seq2SeqTransformer), tf-tutorial-v1 and tf-tutorial-v2 (the older and the "
             "current TensorFlow Transformer tutorial, .weights.h5), keras-prenorm (the Keras "
@@ -80,6 +103,7 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "  rosetta convert my_nn_transformer.pt model.safetensors --from nn-transformer --config c.json\n"
             "  rosetta convert ./opus-mt-folder model.safetensors\n"
             "  rosetta convert model.safetensors ./my-marian-folder --to marian\n"
+            "  rosetta convert model.safetensors model.onnx   # or: rosetta export\n"
             "  rosetta convert annotated.pt model.safetensors --config heads.json   "
             '# heads.json: {"num_heads": 8}\n'
             "  rosetta convert mine.pt model.safetensors --map mine.map.json --config heads.json"
@@ -92,7 +116,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--to",
         dest="to_kind",
-        choices=[k for k in KINDS if k not in IMPORT_KINDS or k in EXPORT_KINDS],
+        choices=[k for k in KINDS if k not in IMPORT_KINDS or k in EXPORT_KINDS]
+        + list(EXPORT_ONLY_KINDS),
         help="the destination kind",
     )
     p.add_argument(
@@ -114,6 +139,43 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         help="import a stored position table that is not the claimed sinusoid as learned "
         "positions (refused by default)",
     )
+    add_writing_arguments(p)
+    p.set_defaults(run=run_convert_command)
+
+
+VERIFY_HELP = (
+    "after writing, run the source and the written file on seeded ragged probes and check their "
+    "largest logit difference against the parity bound of the less precise side; the record (difference, probe "
+    "seed and shapes, the source's sha256, versions) goes into the file's metadata, and a file "
+    "that misses the bound is removed (exit 1). Default: on wherever both sides can run here; "
+    "--verify requires it, --no-verify skips it"
+)
+
+
+def add_writing_arguments(p: argparse.ArgumentParser, onnx_only: bool = False) -> None:
+    """What convert and export share: verification, the ONNX graph's options, --force, --json."""
+    p.add_argument(
+        "--verify", action=argparse.BooleanOptionalAction, default=None, help=VERIFY_HELP
+    )
+    onnx = p.add_argument_group("ONNX" if onnx_only else "ONNX (--to onnx)")
+    onnx.add_argument(
+        "--graph",
+        choices=["forward", "encoder", "decoder_step"],
+        help="forward (default): src, tgt_in -> logits, encoder_output; encoder: src -> the "
+        "decoding cache; decoder_step: tokens and the cache (past.*) -> logits and the next "
+        "cache (present.*)",
+    )
+    onnx.add_argument(
+        "--attention",
+        action="store_true",
+        help="the forward graph also outputs every attention map (the explicit path)",
+    )
+    onnx.add_argument(
+        "--max-steps",
+        type=positive_int,
+        metavar="N",
+        help="positions the decoding cache holds (encoder and decoder_step; default max_len)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite DST if it exists")
     p.add_argument(
         "--allow-nonfinite",
@@ -121,4 +183,45 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         help="convert weights that hold NaN or Inf (refused by default)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(run=run_convert_command)
+
+
+def run_export_command(args: argparse.Namespace) -> int:
+    args.to_kind = "onnx"
+    return run_convert_command(args)
+
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    from common.porting.convert import KINDS
+
+    p = sub.add_parser(
+        "export",
+        help="write a model as ONNX (torch's exporter), checked by onnxruntime",
+        description=(
+            "Export SRC (any weights `rosetta convert` reads) as one ONNX graph of the torch "
+            "implementation, made by torch's own exporter (torch.onnx, dynamo=True) and checked "
+            "by onnx.checker. Batch and lengths are dynamic (lengths up to max_len); the masks "
+            "are built from the ids inside the graph (pad_id from the config). The same as "
+            "`rosetta convert SRC OUT.onnx --to onnx`. Needs the onnx extra: "
+            "pip install 'transformer-rosetta[onnx]'. By default the written graph is run by "
+            "onnxruntime against the float64 oracle on seeded probes, and the result is stored "
+            "in its metadata_props (`rosetta inspect OUT.onnx` shows it)."
+        ),
+        epilog=(
+            "examples:\n  rosetta export model.safetensors model.onnx\n"
+            "  rosetta export model.safetensors encoder.onnx --graph encoder --max-steps 64\n"
+            "  rosetta export model.safetensors step.onnx --graph decoder_step --max-steps 64\n"
+            "  rosetta parity --frameworks onnx,torch,jax   # the exported graph against the oracle"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="the weights to export (.safetensors, or any kind convert reads)")
+    p.add_argument("dst", help="the .onnx file to write")
+    p.add_argument("--from", dest="from_kind", choices=list(KINDS), help="the source kind")
+    p.add_argument(
+        "--config",
+        metavar="FILE.json",
+        help="the model's config, for sources that do not carry one (as in convert)",
+    )
+    p.set_defaults(map=None, learned_positions=False)
+    add_writing_arguments(p, onnx_only=True)
+    p.set_defaults(run=run_export_command)

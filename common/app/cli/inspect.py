@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from common.app.cli.args import EXIT_OK, UsageError, warn
 from common.files.outputs import shown
 from common.spec.config import PRESETS, TransformerConfig, preset
 from common.spec.names import canonical_specs, embedding_names, parameter_count
-from common.weights.format import describe_nonfinite, load_weights, nonfinite_counts
+from common.weights.format import (
+    META_PROVENANCE,
+    describe_nonfinite,
+    load_weights,
+    nonfinite_counts,
+)
 
 
 def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
     """What `rosetta inspect` shows, as data: source, config, tensors, parameter count."""
     if args.file is not None and (args.preset or args.config):
         raise UsageError("give a weight FILE or --preset/--config, not both")
+    provenance = None
     if args.file is not None:
         if any(v is not None for v in (args.src_vocab, args.tgt_vocab, args.vocab)):
             raise UsageError("--vocab/--src-vocab/--tgt-vocab apply to --preset/--config only")
+        if str(args.file).lower().endswith(".onnx"):
+            return onnx_report(args.file)
         wf = load_weights(args.file)
         config, source, producer = wf.config, args.file, wf.producer
+        provenance = wf.metadata.get(META_PROVENANCE)
         tensors = [
             {"name": n, "shape": list(t.shape), "dtype": wf.dtype} for n, t in wf.tensors.items()
         ]
@@ -45,6 +55,61 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": parameter_count(config),
         "tied": tied,
         "nonfinite": nonfinite,
+        "provenance": json.loads(provenance) if provenance else None,
+    }
+
+
+def onnx_report(path: str) -> dict[str, Any]:
+    """What `rosetta inspect` shows of an ONNX file `rosetta export` wrote: its labels, config,
+    graph inputs and outputs (symbolic dimensions by name) and provenance."""
+    import onnx
+
+    from common.files.safe_read import regular_file
+
+    regular_file(Path(path), "an ONNX file")
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends, named once
+        raise UsageError(
+            f"{shown(path)}: not a readable ONNX model ({type(exc).__name__})"
+        ) from None
+    labels = {p.key: p.value for p in model.metadata_props}
+    if "config" not in labels:
+        raise UsageError(f"{shown(path)}: an ONNX model that rosetta export did not write")
+
+    def io(values: Any) -> list[dict[str, Any]]:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out.append(
+                {
+                    "name": v.name,
+                    "shape": dims,
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                }
+            )
+        return out
+
+    config = TransformerConfig.from_json(labels["config"])
+    return {
+        "source": path,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "config": config.to_dict(),
+        "onnx": {
+            "graph": labels.get("graph"),
+            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            "bytes": Path(path).stat().st_size,
+            "inputs": io(model.graph.input),
+            "outputs": io(model.graph.output),
+            **{k: labels[k] for k in ("attention", "max_steps") if k in labels},
+        },
+        "tensors": [],
+        "tensor_count": len(model.graph.initializer),
+        "parameters": parameter_count(config),
+        "tied": {},
+        "nonfinite": {},
+        "provenance": json.loads(labels["provenance"]) if "provenance" in labels else None,
     }
 
 
@@ -74,13 +139,10 @@ def print_inspect(report: dict[str, Any]) -> None:
     print("config:")
     for key, value in report["config"].items():
         print(f"  {key:<20s} {json.dumps(value)}")
-    width = max(len(t["name"]) for t in report["tensors"])
-    print()
-    print(f"{'tensor':<{width}s}  {'shape':<18s} dtype")
-    for t in report["tensors"]:
-        shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
-        print(f"{t['name']:<{width}s}  {shape:<18s} {t['dtype']}")
-    print()
+    if "onnx" in report:
+        print_onnx(report["onnx"])
+    else:
+        print_rows("tensor", report["tensors"])
     params = report["parameters"]
     print(f"parameters: {params:,} ({params / 1e6:.1f}M) in {report['tensor_count']} tensors")
     if report["tied"]:
@@ -88,6 +150,51 @@ def print_inspect(report: dict[str, Any]) -> None:
         print(f"stored once and shared: {shared}")
     if report["nonfinite"]:
         print(f"WARNING: {describe_nonfinite(report['nonfinite'], limit=len(report['nonfinite']))}")
+    if report["provenance"]:
+        print_provenance(report["provenance"])
+
+
+def print_rows(what: str, rows: list[dict[str, Any]], shape_width: int = 18) -> None:
+    """One line per tensor: name, shape, dtype."""
+    width = max([len(what)] + [len(t["name"]) for t in rows])
+    print()
+    print(f"{what:<{width}s}  {'shape':<{shape_width}s} dtype")
+    for t in rows:
+        shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
+        print(f"{t['name']:<{width}s}  {shape:<{shape_width}s} {t['dtype']}")
+    print()
+
+
+def print_onnx(info: dict[str, Any]) -> None:
+    extra = "".join(f", {k} {info[k]}" for k in ("attention", "max_steps") if k in info)
+    print(f"onnx: graph {info['graph']}, opset {info['opset']}, {info['bytes']:,} bytes{extra}")
+    # symbolic dimensions ("batch", "src_len") make wider shapes than a weight's
+    print_rows("input", info["inputs"], shape_width=30)
+    print_rows("output", info["outputs"], shape_width=30)
+
+
+def print_provenance(record: dict[str, Any]) -> None:
+    """Where a converted file came from and how it was verified (common/porting/verify.py)."""
+    source = record.get("source", {})
+    print(
+        f"converted from: {source.get('file')} ({source.get('kind')}), sha256 {source.get('sha256')}"
+    )
+    print(f"converter: {record.get('converter')}")
+    check = record.get("verify", {})
+    if "max_abs_logit_diff" in check:
+        verdict = "passed" if check.get("passed") else "FAILED"
+        print(
+            f"verified: {verdict}, max |logit difference| {check['max_abs_logit_diff']:.2g} "
+            f"(bound {check['bound']:.0e}), {' vs '.join(check['sides'])}"
+        )
+        shapes = ", ".join("x".join(str(n) for n in s) for s in check["probe_shapes"])
+        print(
+            f"  probes: seed {check['probe_seed']}, batch x src x tgt {shapes} ({check['probe_rows']})"
+        )
+        versions = {**record.get("versions", {}), **check.get("versions", {})}
+        print("  versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    elif "not_run" in check:
+        print(f"not verified: {check['not_run']}")
 
 
 def run_inspect_command(args: argparse.Namespace) -> int:
@@ -107,13 +214,20 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
         help="show a weight file's or a preset's config, tensors and parameter count",
         description=(
             "Print the config, every canonical tensor (name, shape, dtype) and the parameter "
-            "count, for a weight file in the shared format or for a preset/config file. A file "
-            "is fully validated first; any problem exits 2 naming it."
+            "count, for a weight file in the shared format or for a preset/config file; for an "
+            ".onnx file, its graph's inputs and outputs. A converted file also shows its "
+            "provenance: the source's sha256, the converter, and the verification's largest "
+            "logit difference, probes and versions. A file is fully validated first; any "
+            "problem exits 2 naming it."
         ),
         epilog="examples:\n  rosetta inspect --preset base\n  rosetta inspect model.safetensors --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("file", nargs="?", help="a .safetensors weight file in the shared format")
+    p.add_argument(
+        "file",
+        nargs="?",
+        help="a .safetensors weight file in the shared format, or an .onnx file rosetta export wrote",
+    )
     p.add_argument("--preset", choices=list(PRESETS), help="a built-in config (default: base)")
     p.add_argument("--config", metavar="FILE.json", help="a config as JSON")
     p.add_argument("--vocab", type=int, metavar="N", help="one vocabulary size for both sides")

@@ -15,7 +15,7 @@ import numpy as np
 
 from common.app.cli.args import EXIT_BAD_INPUT, Parser, UsageError
 from common.app.cli.bench import add_bench
-from common.app.cli.convert import add_convert
+from common.app.cli.convert import add_convert, add_export
 from common.app.cli.demo import add_demo
 from common.app.cli.forward import add_forward
 from common.app.cli.inspect import add_inspect
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_parity,
         add_forward,
         add_convert,
+        add_export,
         add_bench,
         add_inspect,
     ):
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not hasattr(args, "run"):
                 raise UsageError(
                     "no command given; choose one of demo, train, translate, parity, forward, "
-                    "convert, bench, inspect (see 'rosetta --help')"
+                    "convert, export, bench, inspect (see 'rosetta --help')"
                 )
             # Non-finite values are reported once, by name (see config_and_weights); numpy's
             # own RuntimeWarnings about NaN arithmetic would only add lines after that.

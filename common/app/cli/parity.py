@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS
+from common.adapter.backends import FRAMEWORKS, RUNTIMES
 from common.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -20,9 +20,9 @@ from common.app.cli.args import (
     add_precision_argument,
     check_devices_visible,
     config_and_weights,
-    frameworks_arg,
     load_inputs,
     positive_int,
+    runtimes_arg,
 )
 from common.app.resources import check_forward_fits
 from common.files.outputs import check_output_folder
@@ -39,7 +39,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
 
     if set(args.frameworks) <= {"numpy"}:
         raise UsageError(
-            "--frameworks names only the oracle, which always runs; add torch, tf or jax"
+            "--frameworks names only the oracle, which always runs; add torch, tf, jax or onnx"
         )
     config, weights, source = config_and_weights(args, default_preset="tiny")
     src, tgt_in = parity_inputs(args, config)
@@ -166,10 +166,11 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(p, default_preset="tiny")
     p.add_argument(
         "--frameworks",
-        type=frameworks_arg,
+        type=runtimes_arg,
         default=list(FRAMEWORKS),
         metavar="LIST",
-        help=f"comma-separated, from {','.join(FRAMEWORKS)} (default: all)",
+        help=f"comma-separated, from {','.join(RUNTIMES)} (default: {','.join(FRAMEWORKS)}); "
+        "onnx runs torch's exported graph in onnxruntime (the onnx extra; float32)",
     )
     p.add_argument(
         "--dtype",

@@ -1,0 +1,219 @@
+"""`convert --verify`: proof that a conversion is right, stored with the file it wrote.
+
+After the destination is written, the source (read by its own reader and run by its own runtime)
+and the destination (read back from disk and run by its runtime) compute logits on the same
+seeded ragged probes; the largest difference must be within the float32 parity bound of the less
+precise side (common/spec/tolerances.py: the conversion adds no error of its own, so the bound is
+what running the two runtimes costs). The record goes into the destination's metadata as one
+JSON text under "provenance" (safetensors header, a Marian folder's model.safetensors header,
+ONNX metadata_props; docs/FORMAT.md), with the source file's sha256 and the versions that ran.
+
+The runtimes: our .safetensors -> the float64 oracle; torch, keras, flax checkpoints -> their own
+framework; a Marian folder -> transformers' MarianMTModel; an ONNX forward graph ->
+onnxruntime. The outside models' own code (nn.Transformer wrappers, the tutorials, a --map
+model) is the user's, not ours to run: their conversions record the provenance without a
+verification, and say why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from common.adapter.backends import NATIVE_BACKENDS, get_backend, unavailable_reason
+from common.oracle import reference
+from common.spec.config import TransformerConfig
+from common.spec.dtypes import dtype_name
+from common.spec.inputs import ragged_batch
+from common.spec.tolerances import atol_for
+
+PROBE_SEED = 0
+# (batch, source length, target length): ragged rows, the first probe with a fully padded source
+# row (ragged_batch's last row at batch >= 3), lengths clipped to the model's max_len.
+PROBE_SHAPES = ((3, 7, 5), (2, 4, 9))
+
+Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class VerificationFailed(Exception):
+    """The written model's logits miss the bound; the CLI exits 1 after removing it."""
+
+
+@dataclass(frozen=True)
+class Runner:
+    label: str  # what ran, with its version: "numpy float64 oracle", "torch 2.13.0 (float32)"
+    dtype: str  # the precision it computes in, for the bound
+    logits: Logits
+    versions: dict[str, str]
+    full_rows_only: bool = False  # transformers' Marian attends pads where a row has no key
+
+
+@dataclass
+class Provenance:
+    """Where a converted file came from, and how it was checked."""
+
+    source: str
+    source_kind: str
+    source_sha256: str
+    converter: str
+    versions: dict[str, str] = field(default_factory=dict)
+    verify: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.verify.get("passed", True))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "source": {
+                    "file": Path(self.source).name,
+                    "kind": self.source_kind,
+                    "sha256": self.source_sha256,
+                },
+                "converter": self.converter,
+                "versions": self.versions,
+                "verify": self.verify,
+            },
+            sort_keys=False,
+        )
+
+
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def sha256_of(path: Path) -> str:
+    """A file's sha256; a folder's is that of its weights file (model.safetensors, else
+    pytorch_model.bin), the file the conversion read its tensors from."""
+    if path.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (path / name).is_file():
+                path = path / name
+                break
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def why_not_runnable(kind: str, graph: str | None = None) -> str | None:
+    """Why a side of this kind cannot be run here, or None."""
+    if kind == "rosetta":
+        return None
+    if kind in NATIVE_BACKENDS:
+        reason = unavailable_reason(NATIVE_BACKENDS[kind])
+        return None if reason is None else f"{kind}: {reason}"
+    if kind == "marian":
+        reason = unavailable_reason("torch")
+        if reason is None and importlib.util.find_spec("transformers") is None:
+            reason = "transformers not installed"
+        return None if reason is None else f"a Marian folder runs in transformers: {reason}"
+    if kind == "onnx":
+        if graph not in (None, "forward"):
+            return f"a lone {graph} graph computes no logits (the forward graph is verified)"
+        reason = unavailable_reason("onnx")
+        return None if reason is None else f"onnx: {reason}"
+    return f"{kind} is the user's own code, which rosetta does not run"
+
+
+def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
+    """The runtime of one side, reading `path` as written on disk."""
+    if kind == "rosetta":
+        from common.weights.format import load_weights
+
+        weights = {k: np.asarray(v, np.float64) for k, v in load_weights(path).tensors.items()}
+        return Runner(
+            "numpy float64 oracle",
+            "float64",
+            lambda src, tgt: reference.forward(weights, config, src, tgt).logits,
+            {"numpy": np.__version__},
+        )
+    if kind in NATIVE_BACKENDS:
+        backend = get_backend(NATIVE_BACKENDS[kind])
+        tensors = backend.load_native(path, config)
+        dtype = dtype_name(next(iter(tensors.values())).dtype)
+        dtype = dtype if dtype in backend.dtypes else "float32"
+        model = backend.build(config, tensors, dtype=dtype)
+        framework = backend.version()
+        return Runner(
+            f"{framework} ({dtype})",
+            dtype,
+            lambda src, tgt: model.forward(src, tgt).logits,
+            dict(re.findall(r"([a-z_]+) ([0-9][^\s,/()]*)", framework)),
+        )
+    if kind == "marian":
+        torch_backend = get_backend("torch")
+        model = torch_backend.load_marian(path)
+        version = package_version("transformers")
+        return Runner(
+            f"transformers {version} MarianMTModel (float32)",
+            "float32",
+            lambda src, tgt: torch_backend.marian_logits(model, src, tgt),
+            {"transformers": version, "torch": package_version("torch")},
+            full_rows_only=True,
+        )
+    if kind == "onnx":
+        from common.adapter.onnx_backend import session
+
+        run = session(str(path)).run
+        version = package_version("onnxruntime")
+        return Runner(
+            f"onnxruntime {version} (float32)",
+            "float32",
+            lambda src, tgt: run(["logits"], {"src": src, "tgt_in": tgt})[0],
+            {"onnxruntime": version},
+        )
+    raise ValueError(f"no runner for {kind!r}")
+
+
+def probes(config: TransformerConfig, full_rows_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for batch, src_len, tgt_len in PROBE_SHAPES:
+        src, tgt = ragged_batch(
+            config, batch, min(src_len, config.max_len), min(tgt_len, config.max_len), PROBE_SEED
+        )
+        if full_rows_only:
+            keep = (src != config.pad_id).any(axis=1)
+            src, tgt = src[keep], tgt[keep]
+        out.append((src, tgt))
+    return out
+
+
+def verify(
+    config: TransformerConfig, source: tuple[str, Path], destination: tuple[str, Path]
+) -> dict[str, object]:
+    """Run both sides on the probes; the record stored under provenance["verify"]."""
+    left = runner(source[0], source[1], config)
+    right = runner(destination[0], destination[1], config)
+    bound = max(atol_for(left.dtype, config), atol_for(right.dtype, config))
+    full_rows_only = left.full_rows_only or right.full_rows_only
+    worst = 0.0
+    shapes = []
+    for src, tgt in probes(config, full_rows_only):
+        diff = np.abs(np.asarray(left.logits(src, tgt), np.float64) - right.logits(src, tgt))
+        worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
+        shapes.append([*src.shape, tgt.shape[1]])
+    return {
+        "passed": bool(worst <= bound),
+        "max_abs_logit_diff": worst,
+        "bound": bound,
+        "sides": [left.label, right.label],
+        "probe_seed": PROBE_SEED,
+        "probe_shapes": shapes,
+        "probe_rows": "ragged_batch"
+        + (" without fully padded source rows" if full_rows_only else ""),
+        "versions": {**left.versions, **right.versions},
+    }
