@@ -22,7 +22,15 @@ from common.adapter.backends import NATIVE_BACKENDS, get_backend
 from common.errors import RosettaError
 from common.files.outputs import check_free_space, check_output_file
 from common.files.safe_read import regular_file, shown
-from common.porting.verify import Provenance, VerificationFailed
+from common.porting.verify import (
+    PROBE_SHAPES,
+    Provenance,
+    VerificationFailed,
+    package_version,
+    sha256_of,
+    why_not_runnable,
+)
+from common.porting.verify import verify as run_verification
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import dtype_name
 from common.spec.names import parameter_count
@@ -369,9 +377,6 @@ def convert(
         elif why_not:
             provenance.verify = {"not_run": why_not}
         else:
-            from common.porting.verify import PROBE_SHAPES
-            from common.porting.verify import verify as run_verification
-
             say(f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes")
             provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, dst))
         if not provenance.passed:
@@ -404,15 +409,11 @@ def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _why_not_verified(from_kind: str, to_kind: str, onnx: Mapping[str, Any] | None) -> str | None:
-    from common.porting.verify import why_not_runnable
-
     graph = _onnx_options(onnx)["graph"] if to_kind == "onnx" else None
     return why_not_runnable(from_kind) or why_not_runnable(to_kind, graph)
 
 
 def _provenance(src: Path, from_kind: str) -> Provenance:
-    from common.porting.verify import package_version, sha256_of
-
     return Provenance(
         source=str(src),
         source_kind=from_kind,

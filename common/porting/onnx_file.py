@@ -6,6 +6,7 @@ what it is:
 - "graph": forward, encoder or decoder_step; "attention": "true" when the forward graph also
   outputs every attention map; "max_steps": the decoding cache's length (encoder, decoder_step);
 - "provenance" (optional, common/porting/verify.py): where it came from and how it was checked.
+`rosetta inspect` reads them back (common/app/cli/inspect.py).
 """
 
 from __future__ import annotations
@@ -94,17 +95,6 @@ def write_onnx(
     onnx.checker.check_model(model, full_check=True)
     data = model.SerializeToString()
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), len(data))
-
-
-def read_labels(path: str | Path) -> dict[str, str]:
-    """The metadata_props of an ONNX file (weights are not read into numpy)."""
-    import onnx
-
-    try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends, named once
-        raise OnnxExportError(f"{path}: not an ONNX model ({type(exc).__name__})") from None
-    return {p.key: p.value for p in model.metadata_props}
 
 
 def add_labels(path: str | Path, labels: Mapping[str, str]) -> None:

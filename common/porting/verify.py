@@ -82,8 +82,7 @@ class Provenance:
                 "converter": self.converter,
                 "versions": self.versions,
                 "verify": self.verify,
-            },
-            sort_keys=False,
+            }
         )
 
 
