@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from common.spec.names import ONNX_CACHE_FIELDS, onnx_io_names
+from common.spec.results import ATTENTION_OUTPUTS
 from torch_impl import decode
 from torch_impl.model import LayerCache, Transformer
 
@@ -55,8 +56,8 @@ class ForwardGraph(nn.Module):
         out = self.model(src, tgt_in, return_attention=self.attention)
         maps = []
         if self.attention:
-            for key in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
-                maps += out[key]
+            for _, field, _ in ATTENTION_OUTPUTS:
+                maps += out[field]
         return (out["logits"], out["encoder_output"], *maps)
 
 

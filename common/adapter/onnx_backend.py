@@ -26,7 +26,7 @@ from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
 from common.spec.names import canonical_shapes, onnx_cache_names
 from common.spec.precision import DEFAULT_PRECISION, check_precision
-from common.spec.results import ForwardOutput
+from common.spec.results import ATTENTION_OUTPUTS, ForwardOutput
 
 
 def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> object:
@@ -123,15 +123,12 @@ class OnnxModel:
                 )
         run = self.graph_session("forward", attention=attention).run
         logits, memory, *maps = run(None, {"src": src, "tgt_in": tgt_in})
-        c = self.config
-        e, d = c.num_encoder_layers, c.num_decoder_layers
-        return ForwardOutput(
-            logits=logits,
-            encoder_output=memory,
-            encoder_self_attention=maps[:e] if attention else None,
-            decoder_self_attention=maps[e : e + d] if attention else None,
-            cross_attention=maps[e + d :] if attention else None,
-        )
+        groups = {}
+        if attention:  # the maps come in ATTENTION_OUTPUTS' order, each group's layers in turn
+            for _, field, layers in ATTENTION_OUTPUTS:
+                n = getattr(self.config, layers)
+                groups[field], maps = maps[:n], maps[n:]
+        return ForwardOutput(logits=logits, encoder_output=memory, **groups)
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.spec.config import TransformerConfig
+from common.spec.results import attention_output_names
 
 
 @dataclass(frozen=True)
@@ -130,16 +131,6 @@ def parameter_count(c: TransformerConfig) -> int:
 
 ONNX_GRAPHS = ("forward", "encoder", "decoder_step")
 ONNX_CACHE_FIELDS = ("self_key", "self_value", "cross_key", "cross_value")
-
-
-def attention_output_names(c: TransformerConfig) -> list[str]:
-    """Every attention map under common.spec.results.ForwardOutput.named()'s names, in order."""
-    groups = (
-        ("encoder.layers.{}.self_attention", c.num_encoder_layers),
-        ("decoder.layers.{}.self_attention", c.num_decoder_layers),
-        ("decoder.layers.{}.cross_attention", c.num_decoder_layers),
-    )
-    return [pattern.format(i) for pattern, layers in groups for i in range(layers)]
 
 
 def onnx_cache_names(c: TransformerConfig, prefix: str) -> list[str]:

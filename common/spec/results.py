@@ -5,8 +5,30 @@ and the frameworks' backends build these; the parity report and the tests read t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from common.spec.config import TransformerConfig
+
+# The attention maps in output order: (canonical name pattern, ForwardOutput field, the config
+# field that counts its layers). ForwardOutput.named(), the ONNX graphs' outputs and their readers
+# all follow it.
+ATTENTION_OUTPUTS = (
+    ("encoder.layers.{}.self_attention", "encoder_self_attention", "num_encoder_layers"),
+    ("decoder.layers.{}.self_attention", "decoder_self_attention", "num_decoder_layers"),
+    ("decoder.layers.{}.cross_attention", "cross_attention", "num_decoder_layers"),
+)
+
+
+def attention_output_names(c: TransformerConfig) -> list[str]:
+    """Every attention map's canonical output name for config `c`, in output order."""
+    return [
+        pattern.format(i)
+        for pattern, _, layers in ATTENTION_OUTPUTS
+        for i in range(getattr(c, layers))
+    ]
 
 
 @dataclass
@@ -31,9 +53,7 @@ class ForwardOutput:
         """Every array under its canonical output name (see docs/PARITY.md)."""
         out = {"logits": self.logits, "encoder_output": self.encoder_output}
         groups = [
-            ("encoder.layers.{}.self_attention", self.encoder_self_attention),
-            ("decoder.layers.{}.self_attention", self.decoder_self_attention),
-            ("decoder.layers.{}.cross_attention", self.cross_attention),
+            *((pattern, getattr(self, field)) for pattern, field, _ in ATTENTION_OUTPUTS),
             ("encoder.hidden_states.{}", self.encoder_hidden_states),
             ("decoder.hidden_states.{}", self.decoder_hidden_states),
         ]
