@@ -15,7 +15,7 @@ from common.adapter.backends import check_build_request, check_mode
 from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import COMPUTE_DTYPES
-from common.spec.inputs import check_inputs
+from common.spec.inputs import check_inputs, check_trainable
 from common.spec.masks import shift_right
 from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput, LossOutput
@@ -33,8 +33,8 @@ from jax_impl.weights import (
 
 def _forward(
     model: Transformer,
-    src: jax.Array,
-    tgt_in: jax.Array,
+    src: jax.Array | None,
+    tgt_in: jax.Array | None,
     return_attention: bool,
     hidden_states: bool,
 ) -> dict:
@@ -65,6 +65,12 @@ def jax_device(device: str) -> jax.Device:
 # rosetta: end
 
 
+def _device_ids(ids: tuple[np.ndarray | None, ...], device: jax.Device) -> tuple:
+    """Token ids on `device` as int32 (JAX's default integer without x64; every vocabulary
+    fits); None, the input a half of the family does not take, stays None."""
+    return jax.device_put(tuple(None if a is None else a.astype(np.int32) for a in ids), device)
+
+
 def to_numpy(x: jax.Array) -> np.ndarray:
     """float64/float32 stay as they are; bfloat16 goes to float32 so numpy can compare it."""
     a = np.asarray(x)
@@ -82,7 +88,9 @@ def _to_device(model: Transformer, device: jax.Device) -> Transformer:
 class FlaxStepper:
     """common.decoding.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
     the module split once into (graphdef, state), the compiled step for that graphdef, and the
-    cache (uncached: the prefix, on the host, with the memory).
+    cache (uncached: the prefix, on the host, with the memory). A decoder-only model's src is
+    the prompt (B, P): the cache is prefilled with its first P - 1 tokens, and the uncached
+    prefix starts as them, with no memory.
 
     Per step, only arrays go to the compiled step: its graphdef is closed over (decode.py says
     why) and the state is a pure dict of arrays, taken once here."""
@@ -98,14 +106,20 @@ class FlaxStepper:
             self.state = nnx.to_pure_dict(state)
             src_j = jax.device_put(src.astype(np.int32), model._device)
             if cached:
+                # A decoder-only model's prefill runs inside the compiled init_cache.
                 init_cache = decode.init_cache_compiled(graphdef)
                 self.cache = init_cache(self.state, src_j, beams=beams, max_steps=max_steps)
                 self._step = decode.decode_step_compiled(graphdef)
             else:
-                memory, src_rows = decode.encode_rows_compiled(graphdef)(self.state, src_j, beams)
-                self.memory_rows = {"memory": memory, "src": src_rows}  # what reorder gathers
-                self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
                 self._step = decode.prefix_step_compiled(graphdef)
+                if model.config.has_encoder:
+                    encode_rows = decode.encode_rows_compiled(graphdef)
+                    memory, src_rows = encode_rows(self.state, src_j, beams)
+                    self.memory_rows = {"memory": memory, "src": src_rows}  # what reorder gathers
+                    self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
+                else:  # decoder-only: no memory; the prompt but its last token, per beam
+                    self.memory_rows = {"memory": None, "src": None}
+                    self.prefix = np.repeat(src.astype(np.int32), beams, axis=0)[:, :-1]
 
     def _logits(self, tokens: np.ndarray) -> jax.Array:
         """One step's logits (N, V), left on the device."""
@@ -143,7 +157,8 @@ class FlaxStepper:
             if self.cached:
                 self.cache = decode.reorder_cache_compiled(self.cache, rows)
             else:
-                self.memory_rows = decode.reorder_cache_compiled(self.memory_rows, rows)
+                if self.model.config.has_encoder:
+                    self.memory_rows = decode.reorder_cache_compiled(self.memory_rows, rows)
                 self.prefix = self.prefix[rows]
 
 
@@ -184,8 +199,8 @@ class FlaxModel:
 
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,
@@ -195,10 +210,7 @@ class FlaxModel:
         check_mode(FlaxBackend.modes, mode)
         run = _forward_compiled if mode == "compiled" else _forward
         with self._scope():
-            # int32 ids: JAX's default integer without x64, and every vocabulary fits.
-            src_j, tgt_j = jax.device_put(
-                (src.astype(np.int32), tgt_in.astype(np.int32)), self._device
-            )
+            src_j, tgt_j = _device_ids((src, tgt_in), self._device)
             out = run(self.module, src_j, tgt_j, attention, hidden_states)
             out = jax.tree.map(to_numpy, out)
         return ForwardOutput(**out)
@@ -209,14 +221,14 @@ class FlaxModel:
         src = check_stepper_request(self.config, src, beams, max_steps)
         return FlaxStepper(self, src, beams, max_steps, cached)
 
-    def _batch(self, src: np.ndarray, tgt: np.ndarray) -> tuple[jax.Array, ...]:
-        """(src, tgt_in, tgt) on the device as int32; tgt_in is tgt shifted right behind BOS,
-        on the host by the common rule."""
+    def _batch(self, src: np.ndarray | None, tgt: np.ndarray) -> tuple[jax.Array | None, ...]:
+        """(src, tgt_in, tgt) on the device as int32 (src None for a decoder-only model); tgt_in
+        is tgt shifted right behind BOS, on the host by the common rule."""
         src, tgt = check_inputs(self.config, src, tgt)
-        ids = (src, shift_right(tgt, self.config.bos_id), tgt)
-        return jax.device_put(tuple(a.astype(np.int32) for a in ids), self._device)
+        return _device_ids((src, shift_right(tgt, self.config.bos_id), tgt), self._device)
 
-    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+    def loss_and_grads(self, src: np.ndarray | None, tgt: np.ndarray) -> LossOutput:
+        check_trainable(self.config)  # an encoder-only model has no logits to train
         with self._scope():
             if self._training is None:  # dropout as the config says, in the split only
                 self._training = train._split_for_training(self.module)
@@ -230,8 +242,13 @@ class FlaxModel:
             )
 
     def train_steps(
-        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+        self,
+        batches: list[tuple[np.ndarray | None, np.ndarray]],
+        *,
+        warmup: int,
+        factor: float = 1.0,
     ) -> list[float]:
+        check_trainable(self.config)  # an encoder-only model has no logits to train
         losses = []
         with self._scope():
             if self._training is None:  # dropout as the config says, in the split only

@@ -10,13 +10,18 @@ compile once per (model kind, N, max_steps, S) and never per position.
 The cache (the same names and array layouts as in torch_impl/decode.py and tf_impl/decode.py;
 the index dtype is not the same everywhere: int32 here, JAX's integer without x64, int64 in torch):
     "layers":      one dict per decoder layer:
-        "self_key", "self_value":   (N, h, max_steps, k) self-attention buffers, written at index
+        "self_key", "self_value":   (N, h, M, k) self-attention buffers, written at index
         "cross_key", "cross_value": (N, h, S, k) the memory's keys and values, computed once
     "memory_mask": (N, 1, 1, S) bool, the source's key padding mask
-    "key_valid":   (N, max_steps) bool, True at the positions written so far whose token is not
+    "key_valid":   (N, M) bool, True at the positions written so far whose token is not
                    padding (position 0 always): decoder_key_padding_mask & causal, one row
     "index":       () int32, the position the next step writes
-N = B * beams: row r decodes source row r // beams (repeat_interleave).
+N = B * beams: row r decodes source row r // beams (repeat_interleave). M = max_steps.
+
+A decoder-only model (GPT) decodes a prompt (B, P) given in place of src: it has no memory, so
+its cache has no "memory_mask" and its layers no "cross_key"/"cross_value" (absent keys, as a
+pytree leaves them); its buffers hold M = P - 1 + max_steps positions, the prompt's first
+P - 1 tokens prefilled in one pass (prefill), and the search feeds its last token first.
 """
 
 from __future__ import annotations
@@ -47,32 +52,75 @@ def init_cache(model: Transformer, src: jax.Array, beams: int, max_steps: int) -
     run once on src (B, S), every layer's cross-attention keys and values of the memory, and
     zeroed self-attention buffers.
 
+    A decoder-only model takes its prompt (B, P) as src: no encoder and no cross-attention,
+    buffers of P - 1 + max_steps positions, and the prompt's first P - 1 tokens prefilled in
+    one pass (index P - 1 after it), rows repeated per beam as the memory's are.
+
     Not encode_rows: the projections are row-wise, so projecting the B rows of the memory and
     then repeating them gives the same numbers as repeating the memory first, for 1 / beams of
     the work."""
     c = model.config
-    memory, _, _ = model.encode(src)  # (B, S, d)
-    layers = []
-    for layer in model.decoder.layers:
-        cross_key, cross_value = (
-            jnp.repeat(t, beams, axis=0) for t in layer.cross_attention.keys_values(memory)
-        )  # (N, h, S, k)
-        n, h, _, k = cross_key.shape
-        empty = jnp.zeros((n, h, max_steps, k), cross_key.dtype)
-        layers.append(
-            {
-                "self_key": empty,
-                "self_value": empty,
-                "cross_key": cross_key,
-                "cross_value": cross_value,
-            }
-        )
-    return {
-        "layers": layers,
-        "memory_mask": jnp.repeat(key_padding_mask(src, c.pad_id), beams, axis=0),
-        "key_valid": jnp.zeros((src.shape[0] * beams, max_steps), bool),
+    rows = src.shape[0] * beams
+    positions = max_steps if c.has_encoder else src.shape[1] - 1 + max_steps
+    empty = jnp.zeros((rows, c.num_heads, positions, c.head_dim), model.table("target").dtype)
+    cache = {
+        "layers": [{"self_key": empty, "self_value": empty} for _ in model.decoder.layers],
+        "key_valid": jnp.zeros((rows, positions), bool),
         "index": jnp.zeros((), jnp.int32),
     }
+    if not c.has_encoder:  # decoder-only: src is the prompt
+        prompt = jnp.repeat(src, beams, axis=0)  # (N, P)
+        return prefill(model, prompt[:, :-1], cache) if prompt.shape[1] > 1 else cache
+    memory, _, _ = model.encode(src)  # (B, S, d)
+    for layer, entry in zip(model.decoder.layers, cache["layers"], strict=True):
+        entry["cross_key"], entry["cross_value"] = (
+            jnp.repeat(t, beams, axis=0) for t in layer.cross_attention.keys_values(memory)
+        )  # (N, h, S, k)
+    cache["memory_mask"] = jnp.repeat(key_padding_mask(src, c.pad_id), beams, axis=0)
+    return cache
+
+
+def prefill(model: Transformer, tokens: jax.Array, cache: Cache) -> Cache:
+    """Feed tokens (N, L) at positions index..index+L-1 in one pass (a prompt); return the
+    cache L positions on, their keys and values written.
+
+    The decoder of section 3.1 on L positions at once, as teacher forcing runs it: causal among
+    themselves (section 3.2.3), and each attends the buffer's valid keys before them too.
+    Nothing is projected to the vocabulary: the search feeds the prompt's last token as its
+    first step."""
+    _, cache = _run_decoder(model, tokens, cache)
+    return cache
+
+
+def _run_decoder(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+    """What prefill and decode_step share: tokens (N, L) through the decoder at positions
+    index..index+L-1 -> (the decoder's output (N, L, d), after the final norm if configured;
+    the cache L positions on)."""
+    c = model.config
+    index = cache["index"]
+    buffer = cache["key_valid"].shape[1]
+    decoder = model.decoder
+    x = decoder.embed(
+        tokens, start=index, table=model.table("target"), max_steps=buffer
+    )  # (N, L, d)
+    # A key written here is valid unless it is padding; BOS (position 0) always is, even when
+    # bos_id == pad_id. Unwritten positions are still False; among the L new ones, query i sees
+    # keys up to index + i: that is the causal mask.
+    positions = index + jnp.arange(tokens.shape[1])  # (L,)
+    valid = (tokens != c.pad_id) | (positions == 0)  # (N, L)
+    key_valid = jax.lax.dynamic_update_slice_in_dim(cache["key_valid"], valid, index, axis=1)
+    causal = jnp.arange(buffer) <= positions[:, None]  # (L, buffer)
+    self_mask = key_valid[:, None, None, :] & causal[None, None]  # (N, 1, L, buffer)
+    layers = []
+    for layer, layer_cache in zip(decoder.layers, cache["layers"], strict=True):
+        x, _, _, layer_cache = layer(
+            x, None, self_mask, cache.get("memory_mask"), cache=layer_cache, index=index
+        )
+        layers.append(layer_cache)
+    if decoder.final_norm is not None:
+        x = decoder.final_norm(x)
+    new = {**cache, "layers": layers, "key_valid": key_valid, "index": index + tokens.shape[1]}
+    return x, new
 
 
 def decode_step(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
@@ -82,27 +130,8 @@ def decode_step(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[ja
     decoder layer (its self-attention over the cached keys and values of positions 0..index, its
     cross-attention over the cached memory), the final norm if configured, the output projection.
     """
-    c = model.config
-    index = cache["index"]
-    max_steps = cache["key_valid"].shape[1]
-    decoder = model.decoder
-    x = decoder.embed(
-        tokens[:, None], start=index, table=model.table("target"), max_steps=max_steps
-    )  # (N, 1, d)
-    # The key at `index` is valid unless it is padding; BOS (index 0) always is, even when
-    # bos_id == pad_id. Unwritten positions are still False: that is the causal mask.
-    key_valid = cache["key_valid"].at[:, index].set((tokens != c.pad_id) | (index == 0))
-    self_mask = key_valid[:, None, None, :]  # (N, 1, 1, max_steps)
-    layers = []
-    for layer, layer_cache in zip(decoder.layers, cache["layers"], strict=True):
-        x, _, _, layer_cache = layer(
-            x, None, self_mask, cache["memory_mask"], cache=layer_cache, index=index
-        )
-        layers.append(layer_cache)
-    if decoder.final_norm is not None:
-        x = decoder.final_norm(x)
-    logits = model.logits(x[:, 0])  # (N, V)
-    return logits, {**cache, "layers": layers, "key_valid": key_valid, "index": index + 1}
+    x, cache = _run_decoder(model, tokens[:, None], cache)  # (N, 1, d)
+    return model.logits(x[:, 0]), cache  # (N, V)
 
 
 def reorder_cache(cache: Cache, rows: jax.Array) -> Cache:
@@ -111,11 +140,12 @@ def reorder_cache(cache: Cache, rows: jax.Array) -> Cache:
 
 
 def prefix_step(
-    model: Transformer, prefix: jax.Array, memory: jax.Array, src: jax.Array
+    model: Transformer, prefix: jax.Array, memory: jax.Array | None, src: jax.Array | None
 ) -> jax.Array:
     """The uncached baseline: the decoder over the whole prefix (N, t) (causal, so position t - 1
     sees what a cached step would), memory (N, S, d) encoded once; the last position's logits
-    (N, V)."""
+    (N, V). A decoder-only model has no memory (memory and src None): its prefix starts with
+    the prompt."""
     logits, _, _, _ = model.decode(prefix, memory, src)  # (N, t, V)
     return logits[:, -1]
 

@@ -320,14 +320,19 @@ class EncoderLayer(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     """Section 3.1: masked self-attention, attention over the encoder output, then the
-    feed-forward network, each in a residual connection and LayerNorm."""
+    feed-forward network, each in a residual connection and LayerNorm. A decoder-only model
+    (GPT; config.num_encoder_layers 0) has no encoder output to attend: its layers have no
+    cross-attention sublayer, and no parameters for one."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         self.config = config
         self.self_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
         self.self_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
-        self.cross_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
-        self.cross_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
+        if config.has_encoder:
+            self.cross_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
+            self.cross_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
+        else:
+            self.cross_attention = self.cross_attention_norm = None
         self.feed_forward = FeedForward(config, dtype=dtype, rngs=rngs)
         self.feed_forward_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
@@ -337,21 +342,24 @@ class DecoderLayer(nnx.Module):
         x: jax.Array,
         memory: jax.Array | None,
         self_mask: jax.Array,
-        memory_mask: jax.Array,
+        memory_mask: jax.Array | None,
         *,
         return_attention: bool = False,
         cache: dict[str, jax.Array] | None = None,
         index: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
         """x (B, T, d) over memory (B, S, d). Returns (x, self probs, cross probs, new cache),
-        always four values; the probabilities are None unless return_attention.
+        always four values; the probabilities are None unless return_attention, the cross ones
+        also in a layer without cross-attention (memory and memory_mask are then None).
 
         Decoding (jax_impl/decode.py) passes this layer's `cache` entry and the position `index`
-        (a traced scalar): x is then that one position (B, 1, d). Its self-attention keys and
-        values are written into the cache's (B, h, max_steps, k) buffers at `index` and the
-        query attends the whole buffer (self_mask says which positions are valid); cross-attention
-        reads the memory's keys and values from the cache, so `memory` is unused. The updated
-        entry is returned (None without a cache): a new dict, as JAX arrays are immutable.
+        (a traced scalar): x is then the positions index..index+L-1 (B, L, d), L = 1 for a step
+        and the prompt's length for a prefill. Their self-attention keys and values are written
+        into the cache's (B, h, positions, k) buffers at `index` and the queries attend the
+        whole buffer (self_mask (B, 1, L, positions) says which keys each may see);
+        cross-attention reads the memory's keys and values from the cache, so `memory` is
+        unused. The updated entry is returned (None without a cache): a new dict, as JAX arrays
+        are immutable.
         """
         pre_norm = self.config.norm_position == "pre"
 
@@ -360,7 +368,7 @@ class DecoderLayer(nnx.Module):
                 out, probs = self.self_attention(y, y, self_mask, return_attention=return_attention)
                 return out, (probs, None)
             # rosetta: cache
-            new = self.self_attention.keys_values(y)  # (B, h, 1, k) each
+            new = self.self_attention.keys_values(y)  # (B, h, L, k) each
             keys, values = (
                 jax.lax.dynamic_update_slice_in_dim(cache[name], t, index, axis=2)
                 for name, t in zip(("self_key", "self_value"), new, strict=True)
@@ -380,9 +388,11 @@ class DecoderLayer(nnx.Module):
         x, (self_probs, new_cache) = residual(
             x, self_attention, self.self_attention_norm, self.dropout, pre_norm
         )
-        x, cross_probs = residual(
-            x, cross_attention, self.cross_attention_norm, self.dropout, pre_norm
-        )
+        cross_probs = None
+        if self.cross_attention is not None:
+            x, cross_probs = residual(
+                x, cross_attention, self.cross_attention_norm, self.dropout, pre_norm
+            )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
@@ -410,8 +420,9 @@ def _embedding_param(
 class Stack(nnx.Module):
     """What Encoder and Decoder share: the token embedding (section 3.4; none here when
     config.share_embeddings puts one table on the Transformer), the position embedding or
-    sinusoids (section 3.5), dropout, N layers and the optional final LayerNorm (pre-norm
-    models and torch's nn.Transformer have one)."""
+    sinusoids (section 3.5), BERT's segment table and embedding LayerNorm when the config has
+    them, dropout, N layers and the optional final LayerNorm (pre-norm models and torch's
+    nn.Transformer have one)."""
 
     layer_class: type[EncoderLayer | DecoderLayer]
 
@@ -433,6 +444,14 @@ class Stack(nnx.Module):
             _embedding_param(config.max_len, config, dtype, rngs)
             if config.position_kind == "learned"
             else None
+        )
+        self.token_type_embedding = (
+            _embedding_param(config.type_vocab_size, config, dtype, rngs)
+            if config.type_vocab_size
+            else None
+        )
+        self.embedding_norm = (
+            layer_norm(config, dtype=dtype, rngs=rngs) if config.embedding_norm else None
         )
         self.layers = nnx.List(
             [self.layer_class(config, dtype=dtype, rngs=rngs) for _ in range(num_layers)]
@@ -456,7 +475,9 @@ class Stack(nnx.Module):
         max_steps: int | None = None,  # idiom: jit traces `start`; the table needs a static length
     ) -> jax.Array:
         """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
-        (B, L, d), with E = `table`; start None is 0.
+        (B, L, d), with E = `table`; start None is 0. Deviation, flagged (BERT, Devlin et al.
+        2019): with a segment table its row 0 is added too (the models take no segment ids, so
+        every token is of type 0), and an embedding LayerNorm normalises the sum before dropout.
 
         A decoding step passes `start` as a traced scalar (its position) and `max_steps`: the
         positions are then rows of the table for max_steps positions, sliced at `start`, so the
@@ -473,7 +494,12 @@ class Stack(nnx.Module):
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
         # rosetta: end
-        return self.dropout(x + pe[None])
+        x = x + pe[None]
+        if self.token_type_embedding is not None:
+            x = x + self.token_type_embedding[0]  # (d,): every token is of segment 0
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        return self.dropout(x)
 
 
 class Encoder(Stack):
@@ -512,8 +538,9 @@ class Encoder(Stack):
 
 class Decoder(Stack):
     """Section 3.1: a stack of N = num_decoder_layers identical layers over the embedded target,
-    attending to the encoder output. Decoding with a cache runs its layers one position at a
-    time in jax_impl/decode.py (decode_step)."""
+    attending to the encoder output (a decoder-only model's layers attend nothing else).
+    Decoding with a cache runs its layers a prompt at a time (prefill) and then one position at
+    a time in jax_impl/decode.py (decode_step)."""
 
     layer_class = DecoderLayer
 
@@ -526,15 +553,16 @@ class Decoder(Stack):
     def __call__(
         self,
         tgt_in: jax.Array,
-        memory: jax.Array,
+        memory: jax.Array | None,
         self_mask: jax.Array,
-        memory_mask: jax.Array,
+        memory_mask: jax.Array | None,
         *,
         return_attention: bool = False,
         table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
-        """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self-attention and
-        cross-attention probs per layer or None, hidden states)."""
+        """tgt_in (B, T) ids, memory (B, S, d) (None, as memory_mask, for a decoder-only model).
+        Returns (output (B, T, d), self-attention and cross-attention probs per layer or None,
+        hidden states); a decoder-only model's cross-attention list is empty."""
         x = self.embed(tgt_in, table=table)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
@@ -542,7 +570,8 @@ class Decoder(Stack):
                 x, memory, self_mask, memory_mask, return_attention=return_attention
             )
             self_attentions.append(self_probs)
-            cross_attentions.append(cross_probs)
+            if layer.cross_attention is not None:
+                cross_attentions.append(cross_probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -551,9 +580,33 @@ class Decoder(Stack):
         return x, self_attentions, cross_attentions, hidden
 
 
+def pool(config: TransformerConfig, memory: jax.Array, src: jax.Array) -> jax.Array | None:
+    """An encoder-only model's one vector per sequence (B, d) from its output memory (B, S, d),
+    or None when config.pooling is "none". Not in the paper: "mean" averages the non-pad
+    positions of src (B, S) (sentence-transformers; a row with none gives zeros, not NaN),
+    "first" takes position 0 (BERT's [CLS]); config.pooled_l2_norm then divides by the L2 norm
+    (a zero vector stays zero)."""
+    if config.pooling == "none":
+        return None
+    # The sums in float32 or wider, as LayerNorm's statistics (bfloat16 memories).
+    y = memory.astype(statistics_dtype(memory.dtype))
+    if config.pooling == "first":
+        pooled = y[:, 0]
+    else:
+        real = (src != config.pad_id)[:, :, None].astype(y.dtype)  # (B, S, 1)
+        pooled = (y * real).sum(axis=1) / jnp.maximum(real.sum(axis=1), 1.0)  # (B, d)
+    if config.pooled_l2_norm:
+        length = jnp.sqrt((pooled**2).sum(axis=-1, keepdims=True))  # (B, 1)
+        pooled = pooled / jnp.where(length > 0.0, length, 1.0)
+    return pooled.astype(memory.dtype)
+
+
 class Transformer(nnx.Module):
     """Section 3, Figure 1: the encoder-decoder Transformer, with the pre-softmax projection of
-    section 3.4 (tied to the target embedding when config.tie_output)."""
+    section 3.4 (tied to the target embedding when config.tie_output). Its halves
+    (config.kind): a decoder-only model (GPT) has `encoder` None and decoder layers without
+    cross-attention; an encoder-only one (BERT) has `decoder` and `output` None and returns its
+    encoder output and, when the config pools, a pooled vector."""
 
     def __init__(
         self, config: TransformerConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs
@@ -564,9 +617,11 @@ class Transformer(nnx.Module):
         if c.share_embeddings:  # section 3.4: one matrix for both embeddings
             self.shared_embedding = _embedding_param(c.src_vocab_size, c, dtype, rngs)
         # rosetta: end
-        self.encoder = Encoder(c, dtype=dtype, rngs=rngs)
-        self.decoder = Decoder(c, dtype=dtype, rngs=rngs)
-        if not c.tie_output:
+        self.encoder = Encoder(c, dtype=dtype, rngs=rngs) if c.has_encoder else None
+        self.decoder = Decoder(c, dtype=dtype, rngs=rngs) if c.has_decoder else None
+        if not c.has_decoder:  # encoder-only: no logits, so no output projection
+            self.output = None
+        elif not c.tie_output:
             self.output = nnx.Linear(
                 c.d_model,
                 c.tgt_vocab_size,
@@ -600,19 +655,20 @@ class Transformer(nnx.Module):
     def decode(
         self,
         tgt_in: jax.Array,
-        memory: jax.Array,
-        src: jax.Array,
+        memory: jax.Array | None,
+        src: jax.Array | None,
         *,
         return_attention: bool = False,
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
         """tgt_in (B, T) shifted right behind BOS, memory (B, S, d) and src (B, S) for its
-        padding -> (logits (B, T, V), self probs or None, cross probs or None, hidden states)."""
+        padding (both None for a decoder-only model) -> (logits (B, T, V), self probs or None,
+        cross probs or None, hidden states)."""
         c = self.config
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
             decoder_self_mask(tgt_in, c.pad_id),
-            key_padding_mask(src, c.pad_id),
+            None if src is None else key_padding_mask(src, c.pad_id),
             return_attention=return_attention,
             table=self.table("target"),
         )
@@ -631,17 +687,25 @@ class Transformer(nnx.Module):
         return self.output(y)
 
     def __call__(
-        self, src: jax.Array, tgt_in: jax.Array, *, return_attention: bool = False
+        self, src: jax.Array | None, tgt_in: jax.Array | None, *, return_attention: bool = False
     ) -> dict[str, jax.Array | list[jax.Array] | None]:
         """Teacher-forced forward. Keys are the fields of common.spec.results.ForwardOutput;
         attentions are None unless return_attention, hidden states always lists (under jit, a
-        caller that drops them from its outputs lets XLA drop them)."""
-        memory, encoder_attentions, encoder_hidden = self.encode(
-            src, return_attention=return_attention
-        )
-        logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
-            tgt_in, memory, src, return_attention=return_attention
-        )
+        caller that drops them from its outputs lets XLA drop them). A half of the family takes
+        only its own input (src None: decoder-only; tgt_in None: encoder-only), and what the
+        absent stack would return is None (its output) or an empty list (its maps)."""
+        absent = [] if return_attention else None  # the maps of a stack the model lacks
+        memory, encoder_attentions, encoder_hidden, pooled = None, absent, [], None
+        if self.encoder is not None:
+            memory, encoder_attentions, encoder_hidden = self.encode(
+                src, return_attention=return_attention
+            )
+            pooled = pool(self.config, memory, src)
+        logits, self_attentions, cross_attentions, decoder_hidden = None, absent, absent, []
+        if self.decoder is not None:
+            logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
+                tgt_in, memory, src, return_attention=return_attention
+            )
         return {
             "logits": logits,
             "encoder_output": memory,
@@ -650,4 +714,5 @@ class Transformer(nnx.Module):
             "cross_attention": cross_attentions,
             "encoder_hidden_states": encoder_hidden,
             "decoder_hidden_states": decoder_hidden,
+            "pooled_output": pooled,
         }

@@ -59,10 +59,10 @@ def label_smoothed_loss(
 
 
 def compute_loss(
-    model: Transformer, src: jax.Array, tgt_in: jax.Array, tgt: jax.Array
+    model: Transformer, src: jax.Array | None, tgt_in: jax.Array, tgt: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The teacher-forced (loss, accuracy, tokens) of `model` on (src, tgt); tgt_in is tgt
-    shifted right behind BOS."""
+    shifted right behind BOS. A decoder-only model (a language model) takes src None."""
     logits = model(src, tgt_in)["logits"]  # (B, T, V)
     c = model.config
     return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)
@@ -132,7 +132,7 @@ def _loss_fn(
     params: _Tree,
     graphdef: nnx.GraphDef,
     rest: _Tree,
-    src: jax.Array,
+    src: jax.Array | None,
     tgt_in: jax.Array,
     tgt: jax.Array,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, _Tree]]:
@@ -159,7 +159,7 @@ def _loss_fn(
 @functools.lru_cache(maxsize=16)
 def _compiled_loss_and_grads(graphdef: nnx.GraphDef) -> Callable[..., tuple]:
     def run(
-        params: _Tree, rest: _Tree, src: jax.Array, tgt_in: jax.Array, tgt: jax.Array
+        params: _Tree, rest: _Tree, src: jax.Array | None, tgt_in: jax.Array, tgt: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array, _Tree]:
         # rosetta: gradients
         grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
@@ -179,7 +179,7 @@ def _compiled_train_step(
         params: _Tree,
         rest: _Tree,
         opt_state: optax.OptState,
-        src: jax.Array,
+        src: jax.Array | None,
         tgt_in: jax.Array,
         tgt: jax.Array,
     ) -> tuple[jax.Array, _Tree, _Tree, optax.OptState]:
@@ -198,11 +198,12 @@ def _compiled_train_step(
 
 
 def loss_and_grads(
-    model: _Split, src: jax.Array, tgt_in: jax.Array, tgt: jax.Array
+    model: _Split, src: jax.Array | None, tgt_in: jax.Array, tgt: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array, _Tree]:
     """(loss, accuracy, tokens, d loss / d every nnx.Param as a pure dict of the params' paths)
-    of the model split for training (_split_for_training). A pure function: dropout, if any,
-    draws its masks from the split's RNG state without moving it on."""
+    of the model split for training (_split_for_training); src None for a decoder-only model.
+    A pure function: dropout, if any, draws its masks from the split's RNG state without moving
+    it on."""
     run = _compiled_loss_and_grads(model.graphdef)  # one hash of the graphdef: not a hot path
     return run(model.params, model.rest, src, tgt_in, tgt)
 
@@ -269,7 +270,7 @@ def make_optimizer(
 
 
 def train_step(  # idiom: functional (the Flax performance guide): new state out, nothing in place
-    model: _Split, optimizer: _Adam, src: jax.Array, tgt_in: jax.Array, tgt: jax.Array
+    model: _Split, optimizer: _Adam, src: jax.Array | None, tgt_in: jax.Array, tgt: jax.Array
 ) -> tuple[jax.Array, _Split, _Adam]:
     """One Adam step: (the loss before the update, the model and the optimizer after it).
 

@@ -111,6 +111,42 @@ PAIRWISE_KEYS = [
 ]
 PAIRWISE_GRID: dict[str, TransformerConfig] = {_id(*key): variant(*key) for key in PAIRWISE_KEYS}
 
+# The two halves of the family (docs/FORMAT.md, "The three kinds"), each over the pairwise keys,
+# so every pair of factor levels appears in each kind. BERT's embedding additions and the
+# pooling ride along, each level on a part of each kind's nine configs (an encoder-only model
+# pools "none", "mean" or "first" in turn, with the L2 norm on every other).
+KINDS = ("decoder_only", "encoder_only")
+POOLINGS = ("none", "mean", "first")
+
+
+def half_variant(
+    kind: str, norm: str, act: str, pos: str, emb: str, bias: bool
+) -> TransformerConfig:
+    """The pairwise variant made a half: decoder-only keeps its output tying (a "shared" level is
+    tied, the one sharing a half can do), encoder-only has no output at all."""
+    c = variant(norm, act, pos, emb, bias)
+    n = PAIRWISE_KEYS.index((norm, act, pos, emb, bias))
+    common = {
+        "share_embeddings": False,
+        "type_vocab_size": 3 if n % 2 else 0,
+        "embedding_norm": n % 3 != 1,
+    }
+    if kind == "decoder_only":
+        return c.replace(num_encoder_layers=0, num_decoder_layers=2, **common)
+    return c.replace(
+        num_decoder_layers=0,
+        tie_output=False,
+        output_bias=False,
+        pooling=POOLINGS[n % 3],
+        pooled_l2_norm=n % 3 != 0 and n % 2 == 0,
+        **common,
+    )
+
+
+FAMILY_GRID: dict[str, TransformerConfig] = {
+    f"{kind}-{_id(*key)}": half_variant(kind, *key) for kind in KINDS for key in PAIRWISE_KEYS
+}
+
 
 def input_cases(c: TransformerConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Ragged padding with src length != tgt length, a pad mid-sequence and a fully padded
@@ -118,10 +154,12 @@ def input_cases(c: TransformerConfig) -> dict[str, tuple[np.ndarray, np.ndarray]
     src, tgt_in = ragged_batch(c, batch=4, src_len=7, tgt_len=5, seed=1)
     # Row 0 is full length. A pad between real tokens is a masked key that right padding never
     # shows (a mask built from lengths would miss it); and where 0 is not a special id it is an
-    # ordinary token next to it, which a mask built with a literal 0 would hide.
-    src[0, 3] = tgt_in[0, 3] = c.pad_id
-    if 0 not in (c.pad_id, c.bos_id, c.eos_id):
-        src[0, 2] = tgt_in[0, 2] = 0
+    # ordinary token next to it, which a mask built with a literal 0 would hide. (A half of the
+    # family has None for the input it does not take.)
+    for ids in (a for a in (src, tgt_in) if a is not None):
+        ids[0, 3] = c.pad_id
+        if 0 not in (c.pad_id, c.bos_id, c.eos_id):
+            ids[0, 2] = 0
     return {
         "ragged": (src, tgt_in),
         "length1": ragged_batch(c, batch=2, src_len=1, tgt_len=1, seed=2),

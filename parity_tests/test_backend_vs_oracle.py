@@ -15,7 +15,7 @@ from common.oracle import reference
 from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import atol_for
 from common.weights.init import init_weights
-from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
+from parity_tests.grid import FAMILY_GRID, FULL_GRID, PAIRWISE_GRID, input_cases
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -25,6 +25,19 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
+def attention_masks(config, src, tgt_in) -> dict[str, np.ndarray]:
+    """Where each attention group must be exactly zero: its masked keys. A half has only its own
+    groups."""
+    masks = {}
+    if src is not None:
+        masks["encoder_self_attention"] = key_padding_mask(src, config.pad_id)
+    if tgt_in is not None:
+        masks["decoder_self_attention"] = decoder_self_mask(tgt_in, config.pad_id)
+    if src is not None and tgt_in is not None:
+        masks["cross_attention"] = key_padding_mask(src, config.pad_id)
+    return masks
+
+
 def check_against_oracle(backend, config, dtype: str, mode: str) -> None:
     weights = init_weights(config, seed=0, scheme="perturbed", dtype="float64")
     model = backend.build(config, weights, dtype=dtype)
@@ -32,27 +45,26 @@ def check_against_oracle(backend, config, dtype: str, mode: str) -> None:
     atol = atol_for(dtype)
     for case, (src, tgt_in) in input_cases(config).items():
         want = reference.forward(rounded, config, src, tgt_in)
-        masks = {
-            "encoder_self_attention": key_padding_mask(src, config.pad_id),
-            "decoder_self_attention": decoder_self_mask(tgt_in, config.pad_id),
-            "cross_attention": key_padding_mask(src, config.pad_id),
-        }
+        masks = attention_masks(config, src, tgt_in)
         for attention in (True, False):  # explicit probabilities, then the fused kernel
             got = model.forward(src, tgt_in, attention=attention, mode=mode)
             where = f"{case}, attention={attention}, mode={mode}"
-            for name in ("logits", "encoder_output"):
+            for name in ("logits", "encoder_output", "pooled_output"):
+                if getattr(want, name) is None:  # what the kind lacks, it must not return
+                    assert getattr(got, name) is None, f"{name} returned by a {config.kind}"
+                    continue
                 diff = max_abs_diff(getattr(got, name), getattr(want, name))
                 assert diff <= atol, f"{name} off by {diff:.3g} > {atol:g} ({where})"
-            for kind, mask in masks.items():
+            for kind in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
                 maps = getattr(got, kind)
                 if not attention:
                     assert maps is None, f"{kind} returned on the fused path ({where})"
                     continue
-                assert len(maps) == len(getattr(want, kind))
+                assert len(maps) == len(getattr(want, kind)), f"{kind}: number of layers"
                 for layer, (g, w) in enumerate(zip(maps, getattr(want, kind), strict=True)):
                     diff = max_abs_diff(g, w)
                     assert diff <= atol, f"{kind}[{layer}] off by {diff:.3g} ({where})"
-                    masked = np.broadcast_to(~mask, g.shape)
+                    masked = np.broadcast_to(~masks[kind], g.shape)
                     assert np.all(np.asarray(g)[masked] == 0), (
                         f"{kind}[{layer}] nonzero at masked keys"
                     )
@@ -64,6 +76,17 @@ def test_eager_forward_matches_oracle(backend, config_id, dtype):
     if dtype not in backend.dtypes:
         pytest.skip(f"{backend.name} does not compute in {dtype}")
     check_against_oracle(backend, FULL_GRID[config_id], dtype, "eager")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_id", list(FAMILY_GRID))
+def test_the_halves_match_the_oracle(backend, config_id, dtype):
+    """Decoder-only and encoder-only models (parity_tests/grid.py FAMILY_GRID), eager and, where
+    the backend compiles, compiled: the same bounds as the encoder-decoder."""
+    if dtype not in backend.dtypes:
+        pytest.skip(f"{backend.name} does not compute in {dtype}")
+    for mode in backend.modes:
+        check_against_oracle(backend, FAMILY_GRID[config_id], dtype, mode)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -215,6 +215,8 @@ def one_line_exit_2(capsys, code: int) -> str:
         (["--device", "cuda:"], "unknown device"),
         (["--precision", "fp16"], "--precision"),
         (["--precision", "bf16", "--repeats", "0"], "--repeats"),
+        (["--preset", "tiny_decoder_only"], "this model is decoder-only, which has no peer here"),
+        (["--preset", "tiny_encoder_only"], "this model is encoder-only, which has no peer here"),
     ],
 )
 def test_rosetta_bench_refuses_bad_arguments_in_one_line(capsys, argv, says):

@@ -227,3 +227,208 @@ def test_forward_bad_inputs_exit_2_and_write_nothing(capsys, forward_files):
     )
     assert code == 2 and "truncated" in err
     assert not (d / "o.npz").exists()
+
+
+# -- the halves of the family: decoder-only and encoder-only ------------------------------
+
+HALVES = {
+    "tiny_decoder_only": {
+        "quantities": [
+            "logits",
+            "decoder.layers.0.self_attention",
+            "decoder.layers.1.self_attention",
+            "logits (fused)",
+        ],
+        "lengths": (None, 7),
+        "inputs": "inputs: batch 4, target length 7 (a decoder-only model: no source), ragged padding",
+        "plots": ["decoder_layers_1_self_attention_head0.png"],
+    },
+    "tiny_encoder_only": {
+        "quantities": [
+            "encoder_output",
+            "pooled_output",
+            "encoder.layers.0.self_attention",
+            "encoder.layers.1.self_attention",
+            "encoder_output (fused)",
+        ],
+        "lengths": (9, None),
+        "inputs": "inputs: batch 4, source length 9 (an encoder-only model: no target), "
+        "ragged padding",
+        "plots": ["encoder_layers_1_self_attention_head0.png"],
+    },
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", list(HALVES))
+def test_parity_json_of_a_half_compares_its_own_outputs(capsys, name):
+    code, out, _ = run(
+        capsys, "parity", "--preset", name, "--frameworks", "numpy,torch", "--dtype", "float64",
+        "--json",
+    )  # fmt: skip
+    report = json.loads(out)
+    want = HALVES[name]
+    assert code == 0 and report["passed"] is True
+    assert [c["quantity"] for c in report["comparisons"]] == want["quantities"]
+    assert (report["src_len"], report["tgt_len"]) == want["lengths"] and report["batch"] == 4
+    assert report["kind"] == preset(name).kind
+    assert all(c["max_abs"] < 1e-12 for c in report["comparisons"])
+
+
+@needs_torch
+@pytest.mark.parametrize("name", list(HALVES))
+def test_parity_table_and_plots_of_a_half(capsys, tmp_path, name):
+    code, out, _ = run(
+        capsys, "parity", "--preset", name, "--frameworks", "torch", "--plot", str(tmp_path)
+    )
+    want = HALVES[name]
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == want["inputs"]
+    rows = [line.split("  ")[0] for line in lines[5 : 5 + len(want["quantities"])]]
+    assert rows == want["quantities"]
+    assert lines[-1].startswith(f"PASS: {len(want['quantities'])} comparisons of torch")
+    assert sorted(p.name for p in tmp_path.iterdir()) == want["plots"]
+
+
+@pytest.mark.parametrize("name", list(HALVES))
+def test_parity_of_a_half_passes_in_every_framework(capsys, name):
+    """The acceptance check of issue 18: `rosetta parity --preset NAME`, float32, defaults."""
+    ran = [f for f in ("torch", "tf", "jax") if unavailable_reason(f) is None]
+    if not ran:
+        pytest.skip("no framework installed")
+    code, out, err = run(capsys, "parity", "--preset", name)
+    comparisons = len(HALVES[name]["quantities"]) * (len(ran) + len(ran) * (len(ran) - 1) // 2)
+    assert code == 0, out + err
+    assert out.splitlines()[-1].startswith(f"PASS: {comparisons} comparisons of {', '.join(ran)}")
+
+
+@needs_torch
+def test_parity_of_a_half_on_user_inputs_and_the_onnx_runtime_skipped(capsys, tmp_path):
+    path = tmp_path / "tgt.npz"
+    np.savez(path, tgt=np.array([[1, 9, 3, 5], [1, 4, 0, 0]]))
+    frameworks = "torch,onnx" if unavailable_reason("onnx") is None else "torch"
+    code, out, _ = run(
+        capsys, "parity", "--preset", "tiny_decoder_only", "--inputs", str(path),
+        "--frameworks", frameworks, "--json",
+    )  # fmt: skip
+    report = json.loads(out)
+    assert code == 0 and (report["batch"], report["src_len"], report["tgt_len"]) == (2, None, 4)
+    assert [r["label"] for r in report["runs"]] == ["torch"]
+    if frameworks == "torch,onnx":
+        assert report["skipped"] == {
+            "onnx": "the exported graphs are the encoder-decoder's; this model is decoder-only"
+        }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--preset", "tiny_decoder_only", "--src-len", "5"],
+            "--src-len: a decoder-only model has no encoder and takes no src; give --tgt-len only",
+        ),
+        (
+            ["--preset", "tiny_encoder_only", "--tgt-len", "5"],
+            "--tgt-len: an encoder-only model has no decoder and takes no tgt; give --src-len only",
+        ),
+        (
+            ["--preset", "tiny_decoder_only", "--inputs", "{both}"],
+            "--inputs: a decoder-only model has no encoder and takes no src; {both} holds one: "
+            "save only tgt",
+        ),
+        (
+            ["--preset", "tiny_encoder_only", "--inputs", "{tgt}"],
+            "--inputs: {tgt} lacks src (has tgt)",
+        ),
+        (
+            ["--preset", "tiny_encoder_only", "--plot", "{plots}", "--plot-layer", "2"],
+            "--plot-layer 2 is outside the model's layers 0..1",
+        ),
+    ],
+)
+def test_a_half_refuses_the_inputs_of_the_other_in_one_line(capsys, tmp_path, argv, message):
+    files = {"both": tmp_path / "both.npz", "tgt": tmp_path / "tgt.npz", "plots": tmp_path / "p"}
+    np.savez(files["both"], src=np.array([[5, 6]]), tgt=np.array([[1, 4]]))
+    np.savez(files["tgt"], tgt=np.array([[1, 4]]))
+    code, out, err = run(capsys, "parity", *(a.format(**files) for a in argv))
+    assert code == 2 and out == ""
+    assert err == f"rosetta: error: {message.format(**files)}\n"
+    assert not files["plots"].exists()
+
+
+@pytest.fixture
+def half_files(tmp_path):
+    for name in HALVES:
+        config = preset(name)
+        weights = init_weights(config, seed=4, scheme="perturbed", dtype="float64")
+        save_weights(tmp_path / f"{name}.safetensors", weights, config, producer="test")
+    np.save(tmp_path / "src.npy", np.array([[5, 6, 7, 0], [8, 9, 0, 0]]))
+    np.save(tmp_path / "tgt.npy", np.array([[1, 4, 5], [1, 6, 0]]))
+    return tmp_path
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize(
+    ("name", "given", "arrays"),
+    [
+        ("tiny_decoder_only", "tgt", ["logits", "decoder.layers.0.self_attention"]),
+        ("tiny_encoder_only", "src", ["encoder_output", "pooled_output"]),
+    ],
+)
+def test_forward_of_a_half_takes_its_one_input(capsys, half_files, framework, name, given, arrays):
+    if unavailable_reason(framework):
+        pytest.skip(unavailable_reason(framework))
+    d = half_files
+    code, out, _ = run(
+        capsys, "forward", "--framework", framework, "--weights", str(d / f"{name}.safetensors"),
+        f"--{given}", str(d / f"{given}.npy"), "--dtype", "float64", "--out", str(d / "out.npz"),
+        "--json",
+    )  # fmt: skip
+    summary = json.loads(out)
+    assert code == 0 and summary["kind"] == preset(name).kind
+    wf = load_weights(d / f"{name}.safetensors")
+    ids = np.load(d / f"{given}.npy")
+    want = reference.forward(
+        wf.tensors, wf.config, *((None, ids) if given == "tgt" else (ids, None))
+    ).named()
+    with np.load(d / "out.npz", allow_pickle=False) as got:
+        assert set(got.files) == set(want) and set(arrays) <= set(want)
+        for key in want:
+            assert np.max(np.abs(got[key] - want[key])) <= 1e-10, key
+    assert summary["arrays"]["logits" if given == "tgt" else "pooled_output"] == (
+        [2, 3, 48] if given == "tgt" else [2, 16]
+    )
+
+
+def test_forward_of_a_half_refuses_the_other_input_and_writes_nothing(capsys, half_files):
+    d = half_files
+    cases = [
+        (
+            "tiny_decoder_only",
+            ["--src", str(d / "src.npy"), "--tgt", str(d / "tgt.npy")],
+            "--src: a decoder-only model has no encoder and takes no src; give --tgt only",
+        ),
+        (
+            "tiny_decoder_only",
+            [],
+            "--tgt: a decoder-only model reads decoder input ids; give --tgt TGT.npy",
+        ),
+        (
+            "tiny_encoder_only",
+            ["--tgt", str(d / "tgt.npy")],
+            "--tgt: an encoder-only model has no decoder and takes no tgt; give --src only",
+        ),
+        (
+            "tiny_encoder_only",
+            [],
+            "--src: an encoder-only model reads source ids; give --src SRC.npy",
+        ),
+    ]
+    for name, extra, message in cases:
+        code, out, err = run(
+            capsys, "forward", "--framework", "numpy", "--weights",
+            str(d / f"{name}.safetensors"), "--out", str(d / "o.npz"), *extra,
+        )  # fmt: skip
+        assert code == 2 and out == "" and err == f"rosetta: error: {message}\n"
+    assert not (d / "o.npz").exists()

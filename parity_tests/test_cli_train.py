@@ -3,6 +3,8 @@ format in every framework, and one line with exit 2 for each bad input of issue 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -140,6 +142,7 @@ def demo_checks(out: str, folder: Path) -> None:
     for png in ("loss.png", "cross_attention.png"):
         assert (folder / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert load_weights(folder / "numbers.safetensors").metadata["task"] == "numbers"
+    assert "   the same spec also runs decoder-only models (rosetta train --task numbers-lm)" in out
 
 
 def test_demo_short_run_translates_alike_in_every_framework(tmp_path, capsys):
@@ -159,3 +162,96 @@ def test_demo_as_the_readme_runs_it_reaches_high_accuracy(tmp_path, capsys):
     demo_checks(out, tmp_path / "demo")
     accuracy = float(out.split("held-out pairs): ")[1].split("%")[0])
     assert accuracy >= 95.0  # measured 98.4% at 3000 steps (docs/PARITY.md, "Decoding")
+
+
+# -- numbers-lm: a decoder-only language model, trained and prompted --------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_file(tmp_path_factory) -> tuple[Path, str]:
+    """A numbers-lm model trained 20 steps in torch, float64, and what `rosetta train` printed."""
+    backend_or_skip("torch")
+    out = tmp_path_factory.mktemp("train_lm") / "lm.safetensors"
+    argv = ["train", "--framework", "torch", "--task", "numbers-lm", "--steps", "20",
+            "--dtype", "float64", "--out", str(out)]  # fmt: skip
+    printed = io.StringIO()  # capsys is per test; this fixture is per module
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    return out, printed.getvalue()
+
+
+def test_train_numbers_lm_writes_a_decoder_only_model(lm_file):
+    path, out = lm_file
+    lines = out.splitlines()
+    assert lines[0] == (
+        "task numbers-lm (decoder-only LM): the numbers task for a decoder-only LM: "
+        "'0 0 0 0 7 1 =' -> 'seventy-one'"
+    )
+    assert (
+        lines[1].startswith("trained 20 steps in ") and "target tokens/s), final loss" in lines[1]
+    )
+    assert lines[2].startswith(
+        "test exact match (greedy continuation of the prompt, 500 held-out pairs): "
+    )
+    assert lines[3] == f"wrote {path}"
+    wf = load_weights(path)
+    assert wf.metadata["task"] == "numbers-lm" and wf.config == get_task("numbers-lm").config()
+    assert wf.config.kind == "decoder_only" and not any(
+        n.startswith("encoder.") for n in wf.tensors
+    )
+
+
+def test_translate_continues_the_prompt_alike_in_every_framework(lm_file, capsys):
+    path, _ = lm_file
+    texts = ["7", "40213", "999999"]
+    outputs = {}
+    for framework in IMPLEMENTATIONS:
+        backend_or_skip(framework)
+        for beam in ("1", "4"):
+            code, out, err = run(
+                capsys, "translate", "--framework", framework, "--weights", str(path),
+                "--dtype", "float64", "--beam", beam, "--json", *texts,
+            )  # fmt: skip
+            assert code == 0, err
+            outputs[framework, beam] = json.loads(out)
+    first = outputs["torch", "1"]
+    assert [o["input"] for o in first] == texts
+    for (_, beam), got in outputs.items():
+        assert got == outputs["torch", beam]
+    # The continuation is read with the sequence's vocabulary: words, digits or "=", never BOS.
+    words = set(get_task("numbers-lm").target.symbols)
+    assert all(set(o["output"].replace("-", " - ").split()) <= words for o in first)
+
+
+def test_train_help_lists_every_task_with_its_description(capsys):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert exit_code.value.code == 0
+    assert "--task TASK           one of: numbers, numbers-lm (see below)" in out
+    assert out.rstrip().endswith(
+        "tasks:\n"
+        "  numbers     a number in digits -> English words, 0 to 999999 ('71' -> 'seventy-one')\n"
+        "              (encoder-decoder, 3000 steps)\n"
+        "  numbers-lm  the numbers task for a decoder-only LM: '0 0 0 0 7 1 =' -> 'seventy-one'\n"
+        "              (decoder-only LM, 3000 steps)"
+    )
+
+
+def test_demo_refuses_the_decoder_only_task_and_names_the_family_in_its_help(tmp_path, capsys):
+    code, out, err = run(capsys, "demo", "--task", "numbers-lm", "--out", str(tmp_path / "demo"))
+    one_line_error(
+        code, err, "--task numbers-lm: the demo follows an encoder-decoder and draws its "
+        "cross-attention; numbers-lm trains a decoder-only model, which has none: run "
+        "rosetta train --task numbers-lm",
+    )  # fmt: skip
+    assert out == "" and not (tmp_path / "demo").exists()
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "the same spec also runs decoder-only models (rosetta train --task numbers-lm) and "
+        "encoder-only ones (rosetta convert DIR OUT.safetensors --from bert, e.g. "
+        "all-MiniLM-L6-v2)" in help_text
+    )
+    assert "--task TASK one of: numbers --steps" in help_text

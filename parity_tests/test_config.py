@@ -51,10 +51,68 @@ def test_d_model_not_divisible_by_heads():
     assert p.startswith("d_model: 100 is not divisible by num_heads=3")
 
 
-@pytest.mark.parametrize("field", ["d_model", "num_heads", "d_ff", "num_encoder_layers", "max_len"])
+@pytest.mark.parametrize("field", ["d_model", "num_heads", "d_ff", "max_len"])
 def test_size_below_one(field):
     problems = problems_of(**{field: 0})
     assert f"{field}: must be >= 1, got 0" in problems
+
+
+@pytest.mark.parametrize("field", ["num_encoder_layers", "num_decoder_layers", "type_vocab_size"])
+def test_counts_may_be_zero_but_not_negative(field):
+    assert f"{field}: must be an integer >= 0, got -1" in problems_of(**{field: -1})
+
+
+HALF = dict(share_embeddings=False, tie_output=False)
+
+
+def test_the_kind_follows_the_layer_counts():
+    assert preset("tiny").kind == "encoder_decoder"
+    assert TransformerConfig(num_encoder_layers=0, share_embeddings=False).kind == "decoder_only"
+    assert TransformerConfig(num_decoder_layers=0, **HALF).kind == "encoder_only"
+    assert preset("tiny_decoder_only").kind == "decoder_only"
+    assert preset("tiny_encoder_only").kind == "encoder_only"
+
+
+def test_both_stacks_empty_is_refused():
+    (p,) = problems_of(num_encoder_layers=0, num_decoder_layers=0, **HALF)
+    assert p.startswith("num_encoder_layers: both stacks have 0 layers")
+
+
+def test_the_halves_share_and_tie_nothing_they_lack():
+    assert problems_of(num_encoder_layers=0) == [
+        "share_embeddings: a decoder-only model has one embedding, nothing to share it with; "
+        "set share_embeddings to false"
+    ]
+    problems = problems_of(num_decoder_layers=0, share_embeddings=False, output_bias=True)
+    assert problems == [
+        "tie_output: an encoder-only model has no output projection (it returns hidden states); "
+        "set tie_output to false",
+        "output_bias: an encoder-only model has no output projection (it returns hidden "
+        "states); set output_bias to false",
+    ]
+
+
+def test_only_an_encoder_only_model_pools():
+    (p,) = problems_of(pooling="mean")
+    assert p == (
+        "pooling: only an encoder-only model (num_decoder_layers 0) pools, got 'mean' on a "
+        "encoder-decoder model; set pooling to 'none'"
+    )
+    assert problems_of(pooled_l2_norm=True, num_decoder_layers=0, **HALF) == [
+        "pooled_l2_norm: there is no pooled vector to normalise (pooling 'none')"
+    ]
+    (p,) = problems_of(pooling="max", num_decoder_layers=0, **HALF)
+    assert p == "pooling: unknown value 'max'; allowed: 'none', 'mean', 'first'"
+
+
+def test_a_half_checks_ids_against_the_vocabulary_it_reads():
+    # An encoder-only model never reads the target vocabulary; a decoder-only one the source's.
+    TransformerConfig(num_decoder_layers=0, src_vocab_size=200, tgt_vocab_size=200, **HALF)
+    dec = dict(num_encoder_layers=0, share_embeddings=False, src_vocab_size=5)
+    TransformerConfig(**dec, tgt_vocab_size=50, eos_id=20)  # valid: the source vocabulary unread
+    assert problems_of(**dec, tgt_vocab_size=10, eos_id=20) == [
+        "eos_id: 20 is outside the vocabulary (size 10)"
+    ]
 
 
 def test_size_of_wrong_type():
@@ -125,10 +183,20 @@ def test_bad_json_text():
 
 
 def test_unknown_preset():
-    with pytest.raises(ConfigError, match="unknown preset 'huge'; allowed: tiny, base, big"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown preset 'huge'; allowed: tiny, tiny_decoder_only, tiny_encoder_only, base, big",
+    ):
         preset("huge")
 
 
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         preset("tiny").d_model = 8
+
+
+def test_a_decoder_only_model_may_start_and_end_with_one_id():
+    """GPT-2's <|endoftext|> is both; a model with an encoder decodes from BOS and may not."""
+    dec = dict(num_encoder_layers=0, share_embeddings=False)
+    assert TransformerConfig(**dec, bos_id=2, eos_id=2).kind == "decoder_only"
+    assert problems_of(bos_id=2, eos_id=2) == ["eos_id: must differ from bos_id (both 2)"]

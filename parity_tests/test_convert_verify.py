@@ -138,3 +138,38 @@ def test_the_record_keeps_every_tensor_byte(tmp_path):
     assert META_PROVENANCE in after.metadata and after.config == before.config
     for name, value in before.tensors.items():
         assert np.asarray(after.tensors[name]).tobytes() == np.asarray(value).tobytes(), name
+
+
+@pytest.mark.parametrize(
+    ("vector", "gap", "compared", "shapes"),
+    [
+        ("gpt_decoder_only", "max_abs_logit_diff", None, [[3, None, 5], [2, None, 9]]),
+        (
+            "bert_encoder_only",
+            "max_abs_output_diff",
+            "encoder_output, pooled_output",
+            [[3, 7, None], [2, 4, None]],
+        ),
+    ],
+)
+def test_a_half_is_verified_on_what_it_outputs(capsys, tmp_path, vector, gap, compared, shapes):
+    """A decoder-only model's logits; an encoder-only model's encoder output and pooled vector
+    (it has no logits). Both sides float64 (torch and the oracle): float64's bound."""
+    backend_or_skip("torch")
+    source = VECTOR.parent / f"{vector}.safetensors"
+    native, back = tmp_path / "model.pt", tmp_path / "back.safetensors"
+    config = tmp_path / "config.json"
+    config.write_text(load_weights(source).config.to_json())
+    assert run(capsys, "convert", source, native, "--config", config)[0] == 0
+    code, out, err = run(capsys, "convert", native, back, "--config", config)
+    assert code == 0, err
+    check = provenance(back)["verify"]
+    assert check["passed"] and check[gap] <= 1e-12 and check["bound"] == 1e-10
+    assert check.get("compared") == compared and check["probe_shapes"] == shapes
+    code, out, err = run(capsys, "inspect", back)
+    assert code == 0, err
+    what = "logit" if compared is None else compared
+    assert f"verified: passed, max |{what} difference|" in out
+    assert (
+        "batch x src x tgt " + ", ".join("x".join(str(n or "-") for n in s) for s in shapes) in out
+    )

@@ -19,7 +19,8 @@ The bound. The doc forward and the oracle do the same float64 operations, in nea
 order. Values are O(1) (|logits| <= 3.1). Rounding costs a few ulps per stage (2.2e-16
 relative), over about 30 stages in 2 + 2 layers, so about 1e-14 at worst. We measured
 max |diff| <= 2.2e-15 over every array of the three vectors (post_ln_shared 2.2e-15,
-pre_ln_untied 1.1e-15, post_ln_tied_concat 1.8e-15). FORMAT_ATOL = 1e-12 leaves more than two
+pre_ln_untied 1.1e-15, post_ln_tied_concat 1.8e-15; the halves gpt_decoder_only 1.3e-15,
+bert_encoder_only 1.3e-15). FORMAT_ATOL = 1e-12 leaves more than two
 orders of headroom over the estimate. The smallest effect of a wrong alternative is 1.6e-6 (eps
 outside the square root, post_ln_tied_concat). CHOICE_MATTERS = 1e-8 sits between the two.
 """
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(__file__).parent / "vectors"
 FORMAT_MD = ROOT / "docs" / "FORMAT.md"
 NAMES = ["post_ln_shared", "pre_ln_untied", "post_ln_tied_concat", "pre_std_plus_eps_key_dim"]
+HALVES = ["gpt_decoder_only", "bert_encoder_only"]  # "The three kinds"
 FORMAT_ATOL = 1e-12  # see the module docstring: measured 2.2e-15
 CHOICE_MATTERS = 1e-8  # every wrong alternative moves the logits by more (smallest: 1.6e-6)
 
@@ -76,6 +78,9 @@ class Reading:
     final_norm: str = "both"  # 7: "pre_only", "memory_before_norm" are wrong
     tied_logit_scale: float = 1.0  # 8: the tied projection is not scaled
     output_bias: bool = True  # 8: output.bias is added when the config has it
+    segment_row: int = 0  # 2: every token is of segment 0 (1 is wrong)
+    embedding_norm_first: bool = False  # 2: the embedding norm follows the sum (True: E only)
+    pool_pads: bool = False  # 9: mean pooling over real tokens only (True: every position)
 
 
 DOC = Reading()
@@ -147,17 +152,23 @@ def doc_forward(
         )
         return w[f"{name}.scale"] * dev / denom + w[f"{name}.bias"]
 
-    # 2. Embeddings and positions.
-    def embed(table: str, positions_name: str, ids: np.ndarray) -> np.ndarray:
+    # 2. Embeddings and positions; a segment table's row 0 and the embedding norm.
+    def embed(stack: str, table: str, ids: np.ndarray) -> np.ndarray:
         s = math.sqrt(d) if c.scale_embeddings else 1.0
         positions = np.arange(ids.shape[1]) + r.position_start
         if c.position_kind == "sinusoidal":
             d_eq = d if r.sinusoid_d == "d_model" else d_k
             p = sinusoids(positions, d, c.sinusoid_layout, d_eq)
         else:
-            p = w[positions_name][positions]
+            p = w[f"{stack}.position_embedding"][positions]
         e = w[table][ids]
+        if c.embedding_norm and r.embedding_norm_first:
+            e = ln(e, f"{stack}.embedding_norm")
         x = s * (e + p[None]) if r.scale_positions else s * e + p[None]
+        if c.type_vocab_size:
+            x = x + w[f"{stack}.token_type_embedding"][r.segment_row]
+        if c.embedding_norm and not r.embedding_norm_first:
+            x = ln(x, f"{stack}.embedding_norm")
         return dropout(x)
 
     # 4. Attention in the file's head layout.
@@ -195,6 +206,10 @@ def doc_forward(
             y = y + w[f"{prefix}.output.bias"]
         return y
 
+    # A half takes one input ("The three kinds"): stand-ins of length 1 keep the masks simple.
+    has_encoder, has_decoder = c.num_encoder_layers > 0, c.num_decoder_layers > 0
+    src = src if has_encoder else np.full((tgt_in.shape[0], 1), c.pad_id + 1)
+    tgt_in = tgt_in if has_decoder else np.full((src.shape[0], 1), c.bos_id)
     src_keys = (src != c.pad_id)[:, None, None, :]
     tgt_ok = tgt_in != c.pad_id
     if r.bos_always_visible:
@@ -232,30 +247,47 @@ def doc_forward(
     source = "shared_embedding" if c.share_embeddings else "encoder.embedding"
     target = "shared_embedding" if c.share_embeddings else "decoder.embedding"
 
-    x = embed(source, "encoder.position_embedding", src)
-    for i in range(c.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        record = f"{p}.self_attention"
-        x = sublayer(
-            x,
-            f"{p}.self_attention_norm",
-            lambda y, p=p, n=record: attention(p + ".self_attention", y, y, enc_self, n),
-        )
-        x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
-    memory = ln(x, "encoder.final_norm") if final else x
-    out["encoder_output"] = memory
-    if r.final_norm == "memory_before_norm":
-        memory = x
+    if has_encoder:
+        x = embed("encoder", source, src)
+        for i in range(c.num_encoder_layers):
+            p = f"encoder.layers.{i}"
+            record = f"{p}.self_attention"
+            x = sublayer(
+                x,
+                f"{p}.self_attention_norm",
+                lambda y, p=p, n=record: attention(p + ".self_attention", y, y, enc_self, n),
+            )
+            x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
+        memory = ln(x, "encoder.final_norm") if final else x
+        out["encoder_output"] = memory
+        if r.final_norm == "memory_before_norm":
+            memory = x
+        # 9. Pooling.
+        real = np.ones(src.shape) if r.pool_pads else (src != c.pad_id).astype(float)
+        if c.pooling == "mean":
+            pooled = (memory * real[..., None]).sum(1) / np.maximum(real.sum(1), 1)[:, None]
+        elif c.pooling == "first":
+            pooled = memory[:, 0]
+        if c.pooling != "none" and c.pooled_l2_norm:
+            length = np.sqrt((pooled**2).sum(-1, keepdims=True))
+            pooled = pooled / np.where(length > 0, length, 1.0)
+        if c.pooling != "none":
+            out["pooled_output"] = pooled
+    if not has_decoder:
+        return out
 
-    x = embed(target, "decoder.position_embedding", tgt_in)
+    x = embed("decoder", target, tgt_in)
     for i in range(c.num_decoder_layers):
         p = f"decoder.layers.{i}"
-        kv = ln(memory, f"{p}.cross_attention_norm") if r.norm_memory else memory
         x = sublayer(
             x,
             f"{p}.self_attention_norm",
             lambda y, p=p: attention(f"{p}.self_attention", y, y, dec_self, f"{p}.self_attention"),
         )
+        if not has_encoder:  # a decoder-only layer has no cross-attention sublayer
+            x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
+            continue
+        kv = ln(memory, f"{p}.cross_attention_norm") if r.norm_memory else memory
         x = sublayer(
             x,
             f"{p}.cross_attention_norm",
@@ -291,14 +323,14 @@ def run(name: str, r: Reading = DOC, **config_changes) -> tuple[dict, dict]:
     c, w, arrays = vector(name)
     if config_changes:
         c = TransformerConfig(**{**c.to_dict(), **config_changes})
-    return doc_forward(w, c, arrays["src"], arrays["tgt_in"], r), arrays
+    return doc_forward(w, c, arrays.get("src"), arrays.get("tgt_in"), r), arrays
 
 
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + HALVES)
 def test_the_documented_forward_reproduces_the_vectors(name):
     got, arrays = run(name)
     expected = set(arrays) - {"src", "tgt_in"}
@@ -353,14 +385,36 @@ ALTERNATIVES = {
     "no causal mask": (Reading(causal=False), NAMES),
     "empty rows uniform": (Reading(empty_row="uniform"), NAMES),
 }
+# The halves' own choices, on their vectors (measured when written; the main output: logits of
+# the GPT, the pooled vector of the BERT, whose rows are unit vectors).
+HALF_ALTERNATIVES = {
+    # 2. Segment row 0 (0.46); the embedding norm over the sum (0.61).
+    "segment row 1": (Reading(segment_row=1), ["bert_encoder_only"]),
+    "embedding norm before the positions": (
+        Reading(embedding_norm_first=True),
+        ["bert_encoder_only"],
+    ),
+    # 9. Mean over real tokens only (0.62).
+    "pads pooled too": (Reading(pool_pads=True), ["bert_encoder_only"]),
+    # The GPT reads the decoder's rules: causal (2.5), positions from 0 (4.1).
+    "no causal mask in a GPT": (Reading(causal=False), ["gpt_decoder_only"]),
+    "positions from 1 in a GPT": (Reading(position_start=1), ["gpt_decoder_only"]),
+}
+ALTERNATIVES.update(HALF_ALTERNATIVES)
 CASES = [(alt, name) for alt, (_, names) in ALTERNATIVES.items() for name in names]
+
+
+def main_output(arrays: dict[str, np.ndarray]) -> str:
+    """What a vector's model is for: logits, or an encoder-only model's pooled vector."""
+    return "logits" if "logits" in arrays else "pooled_output"
 
 
 @pytest.mark.parametrize(("alternative", "name"), CASES)
 def test_each_documented_choice_matters_on_the_vectors(alternative, name):
     """The documented reading reproduces the vector (test above); this wrong one does not."""
     got, arrays = run(name, ALTERNATIVES[alternative][0])
-    effect = max_diff(got["logits"], arrays["logits"])
+    key = main_output(arrays)
+    effect = max_diff(got[key], arrays[key])
     assert effect > CHOICE_MATTERS, f"{alternative} moves {name}'s logits by only {effect:.3g}"
 
 

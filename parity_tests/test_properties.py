@@ -3,7 +3,8 @@
 The fixed grid (grid.py) varies the switches at one tiny size. Here the sizes move too: odd head
 counts, head_dim not a power of two, encoder depth != decoder depth, vocabularies from 2 to 300
 (BOS = pad where a vocabulary of 2 forces it), special ids drawn among the first four (so the pad
-is often not 0), a small max_len, every switch; and ragged batches with empty (all-pad) source
+is often not 0), a small max_len, every switch, all three kinds of the family (a decoder-only or
+encoder-only model in about two draws of three, pooling in each of its ways); and ragged batches with empty (all-pad) source
 rows and a pad between real tokens. Every framework runs eagerly in float64 (within 1e-10) and
 float32 (within 1e-5) on both attention paths against the float64 oracle on the same weights.
 
@@ -25,15 +26,17 @@ from hypothesis import strategies as st
 from common.oracle import reference
 from common.spec.config import (
     ACTIVATIONS,
+    MODEL_KINDS,
     NORM_KINDS,
     NORM_POSITIONS,
+    POOLINGS,
     SINUSOID_LAYOUTS,
     TransformerConfig,
 )
-from common.spec.masks import decoder_self_mask, key_padding_mask
 from common.spec.tolerances import atol_for
 from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from parity_tests.test_backend_vs_oracle import attention_masks
 
 # Examples per framework, sized by what a new shape costs it on a 2-core CPU (torch ~0.3 s,
 # Keras eager ~1 s, JAX ~2 s per compiled path and dtype): all of them together take < ~60 s.
@@ -46,6 +49,7 @@ SCALE = int(os.environ.get("ROSETTA_PROPERTY_EXAMPLES", "1"))
 def configs(draw: st.DrawFn) -> TransformerConfig:
     """A valid config, small: d_k in 1..7 with 1..5 heads, 1..3 layers each side; a key_dim
     other than d_model / h (1..7) in about half of them."""
+    kind = draw(st.sampled_from(MODEL_KINDS))
     position_kind = draw(st.sampled_from(["sinusoidal", "learned"]))
     num_heads = draw(st.integers(1, 5))
     head_dim = draw(st.integers(1, 7))
@@ -54,7 +58,7 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
     key_dim = draw(st.one_of(st.none(), st.integers(1, 7)))
     # std_plus_eps divides by d_model - 1 (the unbiased std): d_model 1 has only layer_norm.
     norm_kinds = NORM_KINDS if num_heads * head_dim > 1 else ("layer_norm",)
-    share = draw(st.booleans())
+    share = kind == "encoder_decoder" and draw(st.booleans())
     src_vocab = draw(st.integers(2, 300))
     tgt_vocab = src_vocab if share else draw(st.integers(2, 300))
     # Special ids drawn from the first four, so that the pad is often not 0 and 0 often an
@@ -66,6 +70,10 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
     ids = draw(st.permutations(range(min(smallest, 4))))
     pad_id, eos_id = ids[0], ids[1]
     bos_id = pad_id if bos_is_pad else ids[2]
+    # The family: a half has no stack on one side and what that rules out (config.family_problems);
+    # an encoder-only model pools in any of its ways. BERT's embedding additions go with any kind.
+    pooling = draw(st.sampled_from(POOLINGS)) if kind == "encoder_only" else "none"
+    has_output = kind != "encoder_only"
     return TransformerConfig(
         src_vocab_size=src_vocab,
         tgt_vocab_size=tgt_vocab,
@@ -73,8 +81,12 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
         num_heads=num_heads,
         key_dim=key_dim,
         d_ff=draw(st.integers(1, 24)),
-        num_encoder_layers=draw(st.integers(1, 3)),
-        num_decoder_layers=draw(st.integers(1, 3)),
+        num_encoder_layers=0 if kind == "decoder_only" else draw(st.integers(1, 3)),
+        num_decoder_layers=0 if kind == "encoder_only" else draw(st.integers(1, 3)),
+        type_vocab_size=draw(st.integers(0, 3)),
+        embedding_norm=draw(st.booleans()),
+        pooling=pooling,
+        pooled_l2_norm=pooling != "none" and draw(st.booleans()),
         max_len=draw(st.integers(1, 10)),
         dropout=0.0,
         norm_position=draw(st.sampled_from(NORM_POSITIONS)),
@@ -86,8 +98,8 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
         sinusoid_layout=draw(st.sampled_from(SINUSOID_LAYOUTS)),
         scale_embeddings=draw(st.booleans()),
         share_embeddings=share,
-        tie_output=draw(st.booleans()),
-        output_bias=draw(st.booleans()),
+        tie_output=has_output and draw(st.booleans()),
+        output_bias=has_output and draw(st.booleans()),
         attention_bias=draw(st.booleans()),
         pad_id=pad_id,
         bos_id=bos_id,
@@ -96,7 +108,7 @@ def configs(draw: st.DrawFn) -> TransformerConfig:
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray, np.ndarray]:
+def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray | None, np.ndarray | None]:
     """(config, seed, src, tgt_in): ragged right padding and a pad inside row 0, any row of src
     may be all pad (a query with no allowed key), tgt_in starts with BOS. Lengths stay within max_len, which learned
     positions require (sinusoidal extrapolation is tested in test_backend_contract.py)."""
@@ -127,7 +139,13 @@ def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray, np.ndarr
     src[0, src_hole] = c.pad_id
     if tgt_hole is not None:
         tgt[0, tgt_hole] = c.pad_id
-    return c, seed, src.astype(np.int64), tgt.astype(np.int64)
+    # A half takes only its own input (common.spec.inputs.check_inputs).
+    return (
+        c,
+        seed,
+        src.astype(np.int64) if c.has_encoder else None,
+        tgt.astype(np.int64) if c.has_decoder else None,
+    )
 
 
 def reproduction(c: TransformerConfig, seed: int, src: np.ndarray, tgt_in: np.ndarray) -> str:
@@ -135,17 +153,14 @@ def reproduction(c: TransformerConfig, seed: int, src: np.ndarray, tgt_in: np.nd
     return (
         f"\nreproduce with: config = TransformerConfig.from_json('{c.to_json()}')"
         f"\n  weights = init_weights(config, seed={seed}, scheme='perturbed', dtype='float64')"
-        f"\n  src = np.array({src.tolist()}); tgt_in = np.array({tgt_in.tolist()})"
+        f"\n  src = {None if src is None else f'np.array({src.tolist()})'}; "
+        f"tgt_in = {None if tgt_in is None else f'np.array({tgt_in.tolist()})'}"
     )
 
 
 def check_case(backend, c: TransformerConfig, seed: int, src: np.ndarray, tgt_in: np.ndarray):
     weights = init_weights(c, seed=seed, scheme="perturbed", dtype="float64")
-    masks = {
-        "encoder_self_attention": key_padding_mask(src, c.pad_id),
-        "decoder_self_attention": decoder_self_mask(tgt_in, c.pad_id),
-        "cross_attention": key_padding_mask(src, c.pad_id),
-    }
+    masks = attention_masks(c, src, tgt_in)
     for dtype in ("float64", "float32"):
         if dtype not in backend.dtypes:
             continue
@@ -158,8 +173,12 @@ def check_case(backend, c: TransformerConfig, seed: int, src: np.ndarray, tgt_in
             where = f"{backend.name} {dtype}, attention={attention}" + reproduction(
                 c, seed, src, tgt_in
             )
-            compared = {"logits": (got.logits, want.logits)}
-            compared["encoder_output"] = (got.encoder_output, want.encoder_output)
+            compared = {}
+            for name in ("logits", "encoder_output", "pooled_output"):
+                if getattr(want, name) is None:
+                    assert getattr(got, name) is None, f"{name} from a {c.kind} ({where})"
+                else:
+                    compared[name] = (getattr(got, name), getattr(want, name))
             for kind in masks if attention else ():
                 for layer, (g, w) in enumerate(
                     zip(getattr(got, kind), getattr(want, kind), strict=True)
@@ -201,9 +220,14 @@ def test_drawn_cases_are_valid(case):
     """The strategy itself: only valid configs and well-formed ragged inputs (no framework)."""
     c, _seed, src, tgt_in = case
     assert c == TransformerConfig.from_json(c.to_json())  # valid: the constructor validates
-    assert src.shape[0] == tgt_in.shape[0] and src.shape[1] <= c.max_len >= tgt_in.shape[1]
-    assert np.all(tgt_in[:, 0] == c.bos_id)
-    assert 0 <= src.min() and src.max() < c.src_vocab_size and tgt_in.max() < c.tgt_vocab_size
+    assert (src is None) == (not c.has_encoder) and (tgt_in is None) == (not c.has_decoder)
+    if src is not None:
+        assert src.shape[1] <= c.max_len and 0 <= src.min() and src.max() < c.src_vocab_size
+    if tgt_in is not None:
+        assert tgt_in.shape[1] <= c.max_len and tgt_in.max() < c.tgt_vocab_size
+        assert np.all(tgt_in[:, 0] == c.bos_id)
+    if src is not None and tgt_in is not None:
+        assert src.shape[0] == tgt_in.shape[0]
 
 
 @pytest.mark.parametrize(
@@ -220,6 +244,10 @@ def test_drawn_cases_are_valid(case):
         ("vocabulary of 300", lambda c: max(c.src_vocab_size, c.tgt_vocab_size) == 300),
         ("untied, different vocabularies", lambda c: c.src_vocab_size != c.tgt_vocab_size),
         ("odd d_model (learned positions)", lambda c: c.d_model % 2 == 1),
+        ("decoder-only, tied output", lambda c: c.kind == "decoder_only" and c.tie_output),
+        ("encoder-only, mean pooling, L2", lambda c: c.pooling == "mean" and c.pooled_l2_norm),
+        ("encoder-only, first position", lambda c: c.pooling == "first"),
+        ("segments and embedding norm", lambda c: c.type_vocab_size > 1 and c.embedding_norm),
         ("max_len 1", lambda c: c.max_len == 1),
     ],
 )

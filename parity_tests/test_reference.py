@@ -200,7 +200,7 @@ def test_embedding_scale_and_tied_output():
     )
     w = init_weights(c, seed=2, scheme="perturbed", dtype="float64")
     ids = np.array([[3, 4]])
-    x = reference.embed(w, "shared_embedding", "", ids, c)
+    x = reference.embed(w, "encoder", "shared_embedding", ids, c)
     want = w["shared_embedding"][ids] * np.sqrt(8) + reference.sinusoidal_positions(2, 8)[None]
     np.testing.assert_allclose(x, want, rtol=0, atol=0)
     y = np.random.default_rng(0).normal(size=(1, 2, 8))

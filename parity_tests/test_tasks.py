@@ -87,3 +87,61 @@ def test_test_pairs_are_the_same_every_time_and_correct():
 def test_unknown_task_is_an_input_error():
     with pytest.raises(InputError, match="unknown 'dates'; known: numbers"):
         get_task("dates")
+
+
+# -- numbers-lm: the same pairs as one sequence for a decoder-only model ----------------------
+
+LM = get_task("numbers-lm")
+
+
+def test_language_model_task_has_one_vocabulary_and_a_decoder_only_model():
+    vocab = LM.target.vocab
+    assert vocab[:3] == ("<pad>", "<s>", "</s>")
+    assert vocab[3:13] == tuple("0123456789") and vocab[13] == "="
+    assert vocab[14:] == NUMBERS.target.symbols  # the words, in the numbers task's order
+    assert LM.target.size == 45
+    c = LM.config()
+    assert c.kind == "decoder_only" and c.num_decoder_layers == NUMBERS.layers
+    assert c.src_vocab_size == c.tgt_vocab_size == 45 and c.tie_output
+    assert (c.d_model, c.num_heads, c.d_ff) == (NUMBERS.d_model, NUMBERS.num_heads, NUMBERS.d_ff)
+
+
+def test_prompts_have_one_width_zero_padded_digits_then_the_separator():
+    prompts = LM.encode_sources(["7", "40213", "999999"])
+    assert prompts.shape == (3, 1 + 6 + 1)  # BOS, six digits, "="
+    assert [" ".join(LM.target.vocab[i] for i in row) for row in prompts] == [
+        "<s> 0 0 0 0 0 7 =",
+        "<s> 0 4 0 2 1 3 =",
+        "<s> 9 9 9 9 9 9 =",
+    ]
+    assert prompts[1].tolist() == [1, 3, 7, 3, 5, 4, 6, 13]
+
+
+def test_language_model_prompts_refuse_what_the_numbers_task_refuses():
+    with pytest.raises(InputError, match=r"'a' not in the tokenizer; allowed: '0123456789'"):
+        LM.encode_sources(["12a"])
+    with pytest.raises(InputError, match="7 digits"):
+        LM.encode_sources(["1234567"])
+    with pytest.raises(InputError, match="leading zero"):
+        LM.encode_sources(["0042"])
+    with pytest.raises(InputError, match="'='"):  # the separator is no digit of the input
+        LM.encode_sources(["1=2"])
+
+
+def test_language_model_batches_are_digits_separator_words_eos_and_hold_no_test_source():
+    test_sources = {s for s, _ in LM.test_pairs()}
+    assert test_sources == {s for s, _ in NUMBERS.test_pairs()}  # the same held-out numbers
+    stream = LM.train_batches(seed=0)
+    seen = set()
+    for _ in range(30):
+        src, seq = stream.next_batch()
+        assert src is None  # no source: the sequence is the decoder's target
+        assert seq.shape == (LM.batch_size, 6 + 1 + LM.target_width)
+        assert (seq[:, 6] == 13).all() and ((seq == 2).sum(axis=1) == 1).all()  # "=", one EOS
+        for row in seq:
+            digits = "".join(LM.target.vocab[i] for i in row[:6])
+            words = LM.target.decode(row[7:])
+            assert words == number_to_words(int(digits))
+            seen.add(str(int(digits)))
+    assert not seen & test_sources
+    assert len(seen) > 1000

@@ -89,6 +89,10 @@ ONLY_IN: dict[tuple[str, str], str] = {
     "(nn.Transformer, Marian .bin) for common/porting",
     ("torch_impl", "backend.Backend.export_onnx"): "only torch ships an ONNX exporter "
     "(torch_impl/onnx_export.py); its graph serves all three",
+    ("torch_impl", "backend.Backend.load_bert"): "transformers' BertModel is a torch module: "
+    "convert --verify runs a BERT folder through torch",
+    ("torch_impl", "backend.Backend.bert_hidden_states"): "the BERT folder's hidden states, for "
+    "convert --verify (see load_bert)",
     ("torch_impl", "backend.Backend.load_marian"): "transformers' MarianMTModel is a torch "
     "module: convert --verify runs a Marian folder through torch",
     ("torch_impl", "backend.Backend.marian_logits"): "the Marian folder's logits, for "

@@ -18,7 +18,7 @@ from common.adapter.backends import check_build_request, check_mode  # noqa: E40
 from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request  # noqa: E402
 from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
-from common.spec.inputs import check_inputs  # noqa: E402
+from common.spec.inputs import check_inputs, check_trainable  # noqa: E402
 from common.spec.masks import shift_right  # noqa: E402
 from common.spec.precision import DEFAULT_PRECISION  # noqa: E402
 from common.spec.results import ForwardOutput, LossOutput  # noqa: E402
@@ -70,9 +70,16 @@ def to_numpy(x: tf.Tensor) -> np.ndarray:
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
+def _tensor(ids: np.ndarray | None) -> tf.Tensor | None:
+    """Validated ids as a tensor; None (the input a half of the family does not take) stays None."""
+    return None if ids is None else tf.constant(ids)
+
+
 class KerasStepper:
     """common.decoding.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
-    the prefix) held between steps. Made by KerasModel.stepper."""
+    the prefix) held between steps. Made by KerasModel.stepper. A decoder-only model's src is the
+    prompt (B, P): cached, init_cache prefills its first P - 1 tokens; uncached, the prefix
+    starts as them, with no memory."""
 
     def __init__(
         self, model: KerasModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
@@ -84,11 +91,14 @@ class KerasStepper:
             src_tensor = tf.constant(src)
             if cached:
                 self.cache = init_cache(model.module, src_tensor, beams, max_steps)
-            else:
+            elif model.config.has_encoder:
                 # Uncached, the memory is still encoded once: it is the decoder prefix that every
                 # step recomputes.
                 self.memory, self.src = encode_rows(model.module, src_tensor, beams)
                 self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
+            else:
+                self.memory = self.src = None
+                self.prefix = np.repeat(src, beams, axis=0)[:, :-1]  # (N, P - 1)
         self._step, self._reorder, self._prefix = fns["step"], fns["reorder"], fns["prefix"]
 
     def _logits(self, tokens: np.ndarray) -> tf.Tensor:
@@ -100,7 +110,8 @@ class KerasStepper:
                 logits, self.cache = self._step(tf.constant(tokens), self.cache)
             else:
                 self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)
-                logits = self._prefix(tf.constant(self.prefix), self.memory, self.src)
+                memory = () if self.memory is None else (self.memory, self.src)
+                logits = self._prefix(tf.constant(self.prefix), *memory)
         self.steps += 1
         return logits
 
@@ -123,8 +134,9 @@ class KerasStepper:
                 self.cache = self._reorder(self.cache, tf.constant(rows))
             else:
                 self.prefix = self.prefix[rows]
-                self.memory = tf.gather(self.memory, rows)
-                self.src = tf.gather(self.src, rows)
+                if self.memory is not None:
+                    self.memory = tf.gather(self.memory, rows)
+                    self.src = tf.gather(self.src, rows)
 
 
 class KerasModel:
@@ -168,13 +180,14 @@ class KerasModel:
         return export_canonical(self.module)
 
     def _compiled_forward(self, attention: bool) -> Callable:
-        """A tf.function eval forward, one per attention path (traced again per input shape);
-        XLA-compiled when jit_compile is set."""
+        """A tf.function eval forward, one per attention path (traced again per input shape;
+        a None input, the half a model lacks, is a constant of the trace); XLA-compiled when
+        jit_compile is set."""
         if attention not in self._compiled:
             model = self.module
 
             @tf.function(jit_compile=self.jit_compile)
-            def forward(src: tf.Tensor, tgt_in: tf.Tensor) -> dict:
+            def forward(src: tf.Tensor | None, tgt_in: tf.Tensor | None) -> dict:
                 return model(src, tgt_in, return_attention=attention, training=False)
 
             self._compiled[attention] = forward
@@ -182,8 +195,8 @@ class KerasModel:
 
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,
@@ -195,7 +208,7 @@ class KerasModel:
         with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             # rosetta: end
             if mode == "compiled":
-                out = self._compiled_forward(attention)(tf.constant(src), tf.constant(tgt_in))
+                out = self._compiled_forward(attention)(_tensor(src), _tensor(tgt_in))
             else:
                 out = self.module(src, tgt_in, return_attention=attention, training=False)
         lists = {}
@@ -203,10 +216,10 @@ class KerasModel:
             lists[key] = [to_numpy(a) for a in out[key]]
         for key in _HIDDEN_KEYS if hidden_states else ():
             lists[key] = [to_numpy(h) for h in out[key]]
+        # A half of the family lacks some: logits (encoder-only), encoder_output (decoder-only).
+        whole = {key: out[key] for key in ("logits", "encoder_output", "pooled_output")}
         return ForwardOutput(
-            logits=to_numpy(out["logits"]),
-            encoder_output=to_numpy(out["encoder_output"]),
-            **lists,
+            **{key: None if x is None else to_numpy(x) for key, x in whole.items()}, **lists
         )
 
     # idiom: tf.function traces live with their function; the tests count them
@@ -225,21 +238,25 @@ class KerasModel:
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> KerasStepper:
         """Encode src (B, S) once; a Stepper over B * beams rows for at most max_steps steps
-        (common.adapter.backends.DecodingModel). cached=False recomputes the decoder prefix each step."""
+        (common.adapter.backends.DecodingModel). cached=False recomputes the decoder prefix each step.
+        A decoder-only model takes the prompt (B, P) as src."""
         src = check_stepper_request(self.config, src, beams, max_steps)
         return KerasStepper(self, src, beams, max_steps, cached)
 
     def _training_inputs(
-        self, src: np.ndarray, tgt: np.ndarray
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """(src, tgt_in, tgt) as tensors: the decoder reads tgt shifted right behind BOS."""
+        self, src: np.ndarray | None, tgt: np.ndarray
+    ) -> tuple[tf.Tensor | None, tf.Tensor, tf.Tensor]:
+        """(src, tgt_in, tgt) as tensors: the decoder reads tgt shifted right behind BOS. A
+        decoder-only model's src is None."""
         src, tgt = check_inputs(self.config, src, tgt)
         tgt_in = shift_right(tgt, self.config.bos_id)
-        return tf.constant(src), tf.constant(tgt_in), tf.constant(tgt)
+        return _tensor(src), tf.constant(tgt_in), tf.constant(tgt)
 
-    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+    def loss_and_grads(self, src: np.ndarray | None, tgt: np.ndarray) -> LossOutput:
         """Label-smoothed loss over non-pad targets and its gradient for every canonical tensor
-        (a tf.GradientTape in a tf.function; see tf_impl/train.py)."""
+        (a tf.GradientTape in a tf.function; see tf_impl/train.py). src None for a decoder-only
+        model; an encoder-only one has no objective here (InputError)."""
+        check_trainable(self.config)
         with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             if self._loss_and_grads is None:
                 model = self.module
@@ -252,7 +269,7 @@ class KerasModel:
                 @tf.function(
                     jit_compile=self.train_jit_compile, autograph=False, reduce_retracing=True
                 )
-                def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
+                def compiled(src: tf.Tensor | None, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tuple:
                     return loss_and_grads(model, src, tgt_in, tgt)
 
                 self._loss_and_grads = compiled
@@ -265,7 +282,11 @@ class KerasModel:
         )
 
     def train_steps(
-        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+        self,
+        batches: list[tuple[np.ndarray | None, np.ndarray]],
+        *,
+        warmup: int,
+        factor: float = 1.0,
     ) -> list[float]:
         """One Adam step (eps on sqrt(v_hat), as common.oracle.training.adam_step) per (src, tgt) batch
         at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
@@ -275,7 +296,8 @@ class KerasModel:
         Its trace is plain Python over config values, with no tensor-dependent control flow, so
         autograph is off: converting the model's and Keras's code costs ~3 s per trace and
         changes nothing. The steps are queued one after another and their losses read back
-        only at the end, so no step waits on the host."""
+        only at the end, so no step waits on the host. src None for a decoder-only model."""
+        check_trainable(self.config)
         key = (warmup, factor)
         with tf.device(tf_device(self.device)), matmul_precision(self.precision):
             if self._optimizer is None:
@@ -290,7 +312,7 @@ class KerasModel:
                 @tf.function(
                     jit_compile=self.train_jit_compile, autograph=False, reduce_retracing=True
                 )
-                def compiled(src: tf.Tensor, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
+                def compiled(src: tf.Tensor | None, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
                     return train_step(model, optimizer, src, tgt_in, tgt)
 
                 # rosetta: end

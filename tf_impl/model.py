@@ -478,7 +478,8 @@ class EncoderLayer(_ConfigLayer):
 
 class DecoderLayer(_ConfigLayer):
     """Section 3.1, decoder layer: masked self-attention, cross-attention over the encoder
-    output, then the feed-forward network, each in a residual with LayerNorm."""
+    output, then the feed-forward network, each in a residual with LayerNorm. A decoder-only
+    model's layer (GPT's) has no cross-attention: cross_attention and its norm are None."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -486,8 +487,10 @@ class DecoderLayer(_ConfigLayer):
         self.dropout = layers.Dropout(c.dropout, dtype=policy)
         self.self_attention = MultiHeadAttention(c, name="self_attention", dtype=policy)
         self.self_attention_norm = layer_norm(c, name="self_attention_norm", dtype=policy)
-        self.cross_attention = MultiHeadAttention(c, name="cross_attention", dtype=policy)
-        self.cross_attention_norm = layer_norm(c, name="cross_attention_norm", dtype=policy)
+        self.cross_attention, self.cross_attention_norm = None, None
+        if c.has_encoder:
+            self.cross_attention = MultiHeadAttention(c, name="cross_attention", dtype=policy)
+            self.cross_attention_norm = layer_norm(c, name="cross_attention_norm", dtype=policy)
         self.feed_forward = FeedForward(c, name="feed_forward", dtype=policy)
         self.feed_forward_norm = layer_norm(c, name="feed_forward_norm", dtype=policy)
 
@@ -495,8 +498,9 @@ class DecoderLayer(_ConfigLayer):
         memory_shape = input_shape if memory_shape is None else memory_shape
         self.self_attention.build(input_shape)
         self.self_attention_norm.build(input_shape)
-        self.cross_attention.build(input_shape, memory_shape)
-        self.cross_attention_norm.build(input_shape)
+        if self.cross_attention is not None:
+            self.cross_attention.build(input_shape, memory_shape)
+            self.cross_attention_norm.build(input_shape)
         self.feed_forward.build(input_shape)
         self.feed_forward_norm.build(input_shape)
 
@@ -512,14 +516,16 @@ class DecoderLayer(_ConfigLayer):
         index: Any = None,
         training: bool | None = None,
     ) -> tuple[Any, Any, Any, dict[str, Any] | None]:
-        """x (B, T, d), memory (B, S, d), self_mask (B, 1, T, T), memory_mask (B, 1, 1, S).
+        """x (B, T, d), memory (B, S, d), self_mask (B, 1, T, T), memory_mask (B, 1, 1, S);
+        memory and memory_mask None in a decoder-only model, which has no cross-attention.
 
         Returns (x, self-attention probabilities or None, cross-attention probabilities or None,
         new cache or None). With `cache` (this layer's entry of tf_impl/decode.py's cache), x is
-        one position (N, 1, d) at `index` and memory is unused: self-attention writes this
-        position's keys and values into the cache's buffers and reads them all (self_mask
-        (N, 1, 1, max_steps)), cross-attention reads the cached keys and values of the memory,
-        and the new cache is the entry with the updated buffers.
+        the L positions (N, L, d) from `index` on (one for a decode step, the prompt for a
+        prefill) and memory is unused: self-attention writes their keys and values into the
+        cache's buffers and reads them all (self_mask (N, 1, L, max_steps)), cross-attention
+        reads the cached keys and values of the memory, and the new cache is the entry with the
+        updated buffers.
         """
         pre = self.config.norm_position == "pre"
         x, (self_probs, self_kv) = residual(
@@ -532,22 +538,24 @@ class DecoderLayer(_ConfigLayer):
             pre,
             training,
         )
-        cross_kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
-        x, cross_probs = residual(
-            x,
-            lambda y: self.cross_attention(
-                y,
-                memory,
-                memory_mask,
-                return_attention=return_attention,
-                kv=cross_kv,
-                training=training,
-            ),
-            self.cross_attention_norm,
-            self.dropout,
-            pre,
-            training,
-        )
+        cross_probs = None
+        if self.cross_attention is not None:
+            cross_kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
+            x, cross_probs = residual(
+                x,
+                lambda y: self.cross_attention(
+                    y,
+                    memory,
+                    memory_mask,
+                    return_attention=return_attention,
+                    kv=cross_kv,
+                    training=training,
+                ),
+                self.cross_attention_norm,
+                self.dropout,
+                pre,
+                training,
+            )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
@@ -571,7 +579,7 @@ class DecoderLayer(_ConfigLayer):
         training: bool | None,
     ) -> tuple[Any, tuple[Any, Any]]:
         """Section 3.2.3's masked self-attention over y, or, with a cache, over the cached
-        positions with y's keys and values written at `index`. Returns (output,
+        positions with y's keys and values written at index..index+L-1. Returns (output,
         (probabilities or None, the updated (keys, values) buffers or None))."""
         if cache is None:
             out, probs = self.self_attention(
@@ -579,7 +587,7 @@ class DecoderLayer(_ConfigLayer):
             )
             return out, (probs, None)
         # rosetta: cache
-        keys, values = self.self_attention.keys_values(y)  # (N, h, 1, k)
+        keys, values = self.self_attention.keys_values(y)  # (N, h, L, k)
         at = (0, 0, index, 0)
         kv = (
             ops.slice_update(cache["self_key"], at, keys),  # (N, h, max_steps, k)
@@ -596,8 +604,9 @@ class DecoderLayer(_ConfigLayer):
 
 
 class Stack(_ConfigLayer):
-    """What Encoder and Decoder share: token and position embeddings (sections 3.4 and 3.5),
-    N layers and the optional final LayerNorm."""
+    """What Encoder and Decoder share: token and position embeddings (sections 3.4 and 3.5), with
+    BERT's segment table and embedding LayerNorm when the config has them, N layers and the
+    optional final LayerNorm."""
 
     layer_class: type[EncoderLayer | DecoderLayer]
 
@@ -623,6 +632,18 @@ class Stack(_ConfigLayer):
             self.position_embedding = layers.Embedding(
                 c.max_len, c.d_model, name="position_embedding", dtype=policy
             )
+        # BERT's segment table [type_vocab_size, d]: row 0 is added to every token (the models
+        # take no segment ids), so it is read as a row, never looked up by id.
+        self.token_type_embedding = (
+            layers.Embedding(
+                c.type_vocab_size, c.d_model, name="token_type_embedding", dtype=policy
+            )
+            if c.type_vocab_size
+            else None
+        )
+        self.embedding_norm = (
+            layer_norm(c, name="embedding_norm", dtype=policy) if c.embedding_norm else None
+        )
         self.dropout = layers.Dropout(c.dropout, dtype=policy)
         # Named "0", "1", ... and built under a "layers" name scope, so that their variables'
         # paths read "encoder/layers/0/...". (A dot in a name would break Keras's torch backend.)
@@ -636,6 +657,10 @@ class Stack(_ConfigLayer):
             self.embedding.build()
         if self.config.position_kind == "learned":
             self.position_embedding.build()
+        if self.token_type_embedding is not None:
+            self.token_type_embedding.build()
+        if self.embedding_norm is not None:
+            self.embedding_norm.build(shape)
         with keras.name_scope("layers"):
             for layer in self.layers:
                 layer.build(shape)
@@ -645,7 +670,8 @@ class Stack(_ConfigLayer):
     # idiom: no max_steps: keras.ops computes the rows for a tensor start in the graph
     def embed(self, ids: Any, *, start: Any = None, training: bool | None = None) -> Any:
         """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
-        start (a decode step's index), PE[start..start+L-1]."""
+        start (a decode step's index), PE[start..start+L-1]. BERT's additions, when the config
+        has them: row 0 of the segment table, then a LayerNorm over the sum (before dropout)."""
         c = self.config
         # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
@@ -662,6 +688,10 @@ class Stack(_ConfigLayer):
                 length, c.d_model, c.sinusoid_layout, table_dtype, start
             )
         x = x + ops.cast(positions, x.dtype)[None]
+        if self.token_type_embedding is not None:
+            x = x + ops.cast(self.token_type_embedding.embeddings[0], x.dtype)  # type 0, (d,)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         return self.dropout(x, training=training)
 
     def _finish(self, x: Any) -> Any:
@@ -713,7 +743,8 @@ class Encoder(Stack):
 
 class Decoder(Stack):
     """Section 3.1, decoder: embeddings, then N = num_decoder_layers decoder layers. Decoding
-    one position at a time with a cache runs the layers from tf_impl/decode.py's decode_step."""
+    with a cache (tf_impl/decode.py's decode_step, one position, and prefill, a prompt) runs the
+    layers from there."""
 
     layer_class = DecoderLayer
 
@@ -736,9 +767,9 @@ class Decoder(Stack):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> tuple[Any, list | None, list | None, list]:
-        """tgt_in (B, T) ids, memory (B, S, d). Returns (output (B, T, d), self-attention and
-        cross-attention probabilities per layer (None unless return_attention), hidden
-        states)."""
+        """tgt_in (B, T) ids, memory (B, S, d) (None in a decoder-only model). Returns (output
+        (B, T, d), self-attention and cross-attention probabilities per layer (None unless
+        return_attention; no cross-attention maps without a memory), hidden states)."""
         x = self.embed(tgt_in, training=training)
         self_attentions = [] if return_attention else None
         cross_attentions = [] if return_attention else None
@@ -754,9 +785,31 @@ class Decoder(Stack):
             )
             if return_attention:
                 self_attentions.append(self_probs)
-                cross_attentions.append(cross_probs)
+                if layer.cross_attention is not None:
+                    cross_attentions.append(cross_probs)
             hidden.append(x)
         return self._finish(x), self_attentions, cross_attentions, hidden
+
+
+def pool(config: TransformerConfig, memory: Any, src: Any) -> Any:
+    """The encoder-only model's pooled vector (B, d) from memory (B, S, d), or None when the
+    config does not pool: "mean" averages the non-pad positions of src (B, S)
+    (sentence-transformers' mean pooling; a row with none gives zeros, not NaN), "first" takes
+    position 0 (BERT's [CLS]); pooled_l2_norm then divides by the L2 norm (a zero vector stays
+    zero)."""
+    if config.pooling == "none":
+        return None
+    # Sums in float32 or wider, as the norms keep their statistics (bfloat16 models).
+    x = ops.cast(memory, statistics_dtype(keras.backend.standardize_dtype(memory.dtype)))
+    if config.pooling == "first":
+        pooled = x[:, 0]  # (B, d)
+    else:
+        real = ops.cast(ops.not_equal(src, config.pad_id), x.dtype)[:, :, None]  # (B, S, 1)
+        pooled = ops.sum(x * real, axis=1) / ops.maximum(ops.sum(real, axis=1), 1.0)  # (B, d)
+    if config.pooled_l2_norm:
+        length = ops.sqrt(ops.sum(pooled * pooled, axis=-1, keepdims=True))  # (B, 1)
+        pooled = pooled / ops.where(length > 0.0, length, 1.0)
+    return ops.cast(pooled, memory.dtype)
 
 
 class Transformer(keras.Model):
@@ -765,33 +818,41 @@ class Transformer(keras.Model):
     Section 3.4: with share_embeddings one embedding serves both stacks, and with tie_output the
     pre-softmax projection is the target embedding transposed. `encode` and `decode` are separate
     so that decoding can reuse the encoder output.
+
+    The family's halves (docs/FORMAT.md, "The three kinds"): a decoder-only model (GPT) has no
+    encoder (None) and its decoder layers no cross-attention; an encoder-only one (BERT) has no
+    decoder and no output projection (None), and returns its encoder output and pooled vector.
     """
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         c = self.config = _config_from(config)
+        policy = self.dtype_policy
         # rosetta: embeddings
         shared = None
         if c.share_embeddings:
             shared = layers.Embedding(
-                c.src_vocab_size, c.d_model, name="shared_embedding", dtype=self.dtype_policy
+                c.src_vocab_size, c.d_model, name="shared_embedding", dtype=policy
             )
             self.shared_embedding = shared
-        self.encoder = Encoder(c, shared, name="encoder", dtype=self.dtype_policy)
-        self.decoder = Decoder(c, shared, name="decoder", dtype=self.dtype_policy)
+        self.encoder = Encoder(c, shared, name="encoder", dtype=policy) if c.has_encoder else None
+        self.decoder = Decoder(c, shared, name="decoder", dtype=policy) if c.has_decoder else None
         # rosetta: end
+        # The output projection's variables, made in build(); None where the config has none.
+        self.output_kernel, self.output_bias = None, None
 
     def build(self, src_shape: tuple | None = None, tgt_in_shape: tuple | None = None) -> None:
         c = self.config
         if c.share_embeddings:
             self.shared_embedding.build()  # here, so that its path is "shared_embedding"
-        self.encoder.build()
-        self.decoder.build()
+        for stack in (self.encoder, self.decoder):
+            if stack is not None:
+                stack.build()
         # The output projection has no layer of its own (tied, it is E^T plus maybe a bias), so
         # its variables are made under an "output" name scope: paths "output/kernel", "output/bias".
         # rosetta: parameters
         with keras.name_scope("output"):
-            if not c.tie_output:
+            if c.has_decoder and not c.tie_output:
                 self.output_kernel = keras.Variable(
                     "glorot_uniform",
                     shape=(c.d_model, c.tgt_vocab_size),
@@ -825,13 +886,14 @@ class Transformer(keras.Model):
         training: bool | None = None,
     ) -> tuple[Any, list | None, list | None, list]:
         """tgt_in (B, T) ids (the target shifted right behind BOS), memory (B, S, d) ->
-        (logits (B, T, V), self attentions or None, cross attentions or None, hidden states)."""
+        (logits (B, T, V), self attentions or None, cross attentions or None, hidden states).
+        A decoder-only model passes memory and src None."""
         pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
             decoder_self_mask(tgt_in, pad),
-            key_padding_mask(src, pad),
+            None if src is None else key_padding_mask(src, pad),
             return_attention=return_attention,
             training=training,
         )
@@ -860,13 +922,23 @@ class Transformer(keras.Model):
         training: bool | None = None,
     ) -> dict[str, Any]:
         """The whole model: a dict with logits, encoder_output, the three attention lists (None
-        unless return_attention) and the hidden states of both stacks."""
-        memory, encoder_attentions, encoder_hidden = self.encode(
-            src, return_attention=return_attention, training=training
-        )
-        logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
-            tgt_in, memory, src, return_attention=return_attention, training=training
-        )
+        unless return_attention), the hidden states of both stacks and pooled_output. A half of
+        the family takes only its own input (src None for decoder-only, tgt_in None for
+        encoder-only) and returns None for what it lacks (logits, encoder_output) and empty
+        lists for the other half's attention maps and hidden states."""
+        c = self.config
+        absent = [] if return_attention else None  # the maps of a half the model lacks
+        memory, encoder_attentions, encoder_hidden, pooled = None, absent, [], None
+        if c.has_encoder:
+            memory, encoder_attentions, encoder_hidden = self.encode(
+                src, return_attention=return_attention, training=training
+            )
+            pooled = pool(c, memory, src)
+        logits, self_attentions, cross_attentions, decoder_hidden = None, absent, absent, []
+        if c.has_decoder:
+            logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
+                tgt_in, memory, src, return_attention=return_attention, training=training
+            )
         return {
             "logits": logits,
             "encoder_output": memory,
@@ -875,6 +947,7 @@ class Transformer(keras.Model):
             "cross_attention": cross_attentions,
             "encoder_hidden_states": encoder_hidden,
             "decoder_hidden_states": decoder_hidden,
+            "pooled_output": pooled,
         }
 
     def get_config(self) -> dict[str, Any]:

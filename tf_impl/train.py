@@ -54,7 +54,8 @@ def label_smoothed_loss(
 
 def compute_loss(model: Transformer, src: Any, tgt_in: Any, tgt: Any) -> tuple[Any, Any, Any]:
     """Teacher forcing: the model reads tgt_in (tgt shifted right behind BOS) and is scored on
-    tgt. Returns (loss, accuracy, tokens). Dropout follows the config (training=True)."""
+    tgt. Returns (loss, accuracy, tokens). Dropout follows the config (training=True). A
+    decoder-only model (a language model) has src None."""
     logits = model(src, tgt_in, training=True)["logits"]
     c = model.config
     return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)

@@ -5,6 +5,12 @@ the model's own name and with "/" read as ".", is the canonical name (common/spe
 Keras leaf names differ from ours and are renamed by rule (LEAF_RENAMES). Keras's layout is the
 canonical one (EinsumDense kernels [d, h, k] and [h, k, d], Dense kernels [in, out]), so no
 tensor is transposed or packed, and every shape is still asserted.
+
+The family's tensors follow the same rule: a stack's "token_type_embedding" and
+"embedding_norm" layers give `{stack}.token_type_embedding` and `{stack}.embedding_norm.{scale,
+bias}`, and what a half lacks (a decoder-only model's encoder and cross-attention, an
+encoder-only one's decoder and output projection) is never built, so the variables are exactly
+common/spec/names.py's canonical_specs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from common.adapter.backends import check_build_request, check_mode
 from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
 from common.errors import WeightFileError
 from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs
+from common.spec.inputs import check_inputs, check_trainable
 from common.spec.masks import shift_right
 from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput, LossOutput
@@ -54,7 +54,9 @@ def to_numpy(
 
 class TorchStepper:
     """common.decoding.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
-    decoder re-run over the whole prefix (cached=False). Rows are src rows repeated `beams` times."""
+    decoder re-run over the whole prefix (cached=False). Rows are src rows repeated `beams` times.
+    A decoder-only model's src is the prompt (B, P): the cache is prefilled with its first P - 1
+    tokens, or the uncached prefix starts as them, and there is no memory."""
 
     def __init__(
         self, model: TorchModel, src: np.ndarray, beams: int, max_steps: int, cached: bool
@@ -69,10 +71,13 @@ class TorchStepper:
                 self.cache: decode.Cache | None = decode.init_cache(
                     self.module, src_t, beams, max_steps
                 )
-            else:
+            elif self.config.has_encoder:
                 self.cache = None
                 self.memory, self.src = decode.encode_rows(self.module, src_t, beams)
                 self.prefix = torch.zeros(self.rows, 0, dtype=torch.int64, device=self.device)
+            else:
+                self.cache, self.memory, self.src = None, None, None
+                self.prefix = src_t.repeat_interleave(beams, dim=0)[:, :-1]  # (N, P - 1)
 
     def _row_ids(self, ids: np.ndarray, name: str, high: int) -> torch.Tensor:
         """ids as an (N,) int64 tensor on the model's device, each in [0, high)."""
@@ -108,7 +113,8 @@ class TorchStepper:
                 self.cache = decode.reorder_cache(self.cache, rows_t)
             else:
                 self.prefix, self.memory, self.src = (
-                    t.index_select(0, rows_t) for t in (self.prefix, self.memory, self.src)
+                    None if t is None else t.index_select(0, rows_t)  # no memory: decoder-only
+                    for t in (self.prefix, self.memory, self.src)
                 )
 
 
@@ -136,53 +142,62 @@ class TorchModel:
     def export(self) -> dict[str, np.ndarray]:
         return {n: to_numpy(t, exact=True) for n, t in export_canonical(self.module).items()}
 
+    def _ids(self, ids: np.ndarray | None) -> torch.Tensor | None:
+        """Validated ids on the model's device; None (the input a half of the family lacks)."""
+        return None if ids is None else torch.from_numpy(ids).to(self.device)
+
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,
         mode: str = "eager",
     ) -> ForwardOutput:
+        """src None for a decoder-only model, tgt_in None for an encoder-only one."""
         check_mode(TorchBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         # rosetta: compilation
         with torch.inference_mode(), matmul_precision(self.precision):
-            src_t = torch.from_numpy(src).to(self.device)
-            tgt_t = torch.from_numpy(tgt_in).to(self.device)
-            out = self.module(src_t, tgt_t, return_attention=attention)
+            out = self.module(self._ids(src), self._ids(tgt_in), return_attention=attention)
         # rosetta: end
+
+        def array(t: torch.Tensor | None) -> np.ndarray | None:
+            return None if t is None else to_numpy(t)
 
         def arrays(ts: list[torch.Tensor] | None) -> list[np.ndarray] | None:
             return None if ts is None else [to_numpy(t) for t in ts]
 
         return ForwardOutput(
-            logits=to_numpy(out["logits"]),
-            encoder_output=to_numpy(out["encoder_output"]),
+            logits=array(out["logits"]),
+            encoder_output=array(out["encoder_output"]),
             encoder_self_attention=arrays(out["encoder_self_attention"]),
             decoder_self_attention=arrays(out["decoder_self_attention"]),
             cross_attention=arrays(out["cross_attention"]),
             encoder_hidden_states=arrays(out["encoder_hidden_states"]) if hidden_states else None,
             decoder_hidden_states=arrays(out["decoder_hidden_states"]) if hidden_states else None,
+            pooled_output=array(out["pooled_output"]),
         )
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> TorchStepper:
+        """A Stepper over src (B, S); a decoder-only model's src is the prompt (B, P)."""
         src = check_stepper_request(self.config, src, beams, max_steps)
         return TorchStepper(self, src, beams, max_steps, cached)
 
     def _batch(
-        self, src: np.ndarray, tgt: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, src: np.ndarray | None, tgt: np.ndarray
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """Validated (src, tgt_in, tgt) ids on the model's device: the decoder reads tgt shifted
-        right behind BOS (teacher forcing)."""
+        right behind BOS (teacher forcing). src is None for a decoder-only model."""
         src, tgt = check_inputs(self.config, src, tgt)
         tgt_in = shift_right(tgt, self.config.bos_id)
-        return tuple(torch.from_numpy(a).to(self.device) for a in (src, tgt_in, tgt))
+        return tuple(self._ids(a) for a in (src, tgt_in, tgt))
 
-    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+    def loss_and_grads(self, src: np.ndarray | None, tgt: np.ndarray) -> LossOutput:
+        check_trainable(self.config)
         with matmul_precision(self.precision):
             loss, accuracy, tokens, grads = train.loss_and_grads(
                 self.module, *self._batch(src, tgt)
@@ -195,8 +210,13 @@ class TorchModel:
         )
 
     def train_steps(
-        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+        self,
+        batches: list[tuple[np.ndarray | None, np.ndarray]],
+        *,
+        warmup: int,
+        factor: float = 1.0,
     ) -> list[float]:
+        check_trainable(self.config)
         if self.optimizer is None:
             self.optimizer = train.make_optimizer(self.module)
         losses = []
@@ -296,6 +316,28 @@ class TorchBackend:
 
         model = self.build(config, weights, dtype="float32")
         return export_graph(model.module, graph, attention=attention, max_steps=max_steps)
+
+    # idiom: transformers' BertModel is a torch module (convert --verify runs a BERT folder)
+    def load_bert(self, folder: str | Path) -> object:
+        """transformers' BertModel from a folder, in eval mode, in float32, without its pooler
+        (not part of the spec)."""
+        from transformers import BertModel
+
+        model = BertModel.from_pretrained(folder, dtype=torch.float32, add_pooling_layer=False)
+        return model.eval()
+
+    # idiom: runs the torch module load_bert returned
+    def bert_hidden_states(self, model: object, src: np.ndarray, pad_id: int) -> np.ndarray:
+        """BertModel's last hidden state (B, S, d) with the source's pads masked as keys and every
+        token of segment 0, as the spec reads them."""
+        ids = torch.from_numpy(np.asarray(src, np.int64))
+        with torch.inference_mode():
+            out = model(
+                input_ids=ids,
+                attention_mask=(ids != pad_id).long(),
+                token_type_ids=torch.zeros_like(ids),
+            )
+        return out.last_hidden_state.numpy().astype(np.float64)
 
     # idiom: transformers' MarianMTModel is a torch module (convert --verify runs a Marian folder)
     def load_marian(self, folder: str | Path) -> object:

@@ -322,18 +322,20 @@ class EncoderLayer(nn.Module):
 
 @dataclass
 class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
-    """One decoder layer's keys and values, split into heads."""
+    """One decoder layer's keys and values, split into heads. A decoder-only model's layers have
+    no cross-attention: cross_key and cross_value are None."""
 
     self_key: Tensor  # (N, h, max_steps, d_k), position j written by step j
     self_value: Tensor  # (N, h, max_steps, d_k)
-    cross_key: Tensor  # (N, h, S, d_k), K W^K of the memory
-    cross_value: Tensor  # (N, h, S, d_k)
+    cross_key: Tensor | None  # (N, h, S, d_k), K W^K of the memory
+    cross_value: Tensor | None  # (N, h, S, d_k)
 
     # rosetta: cache
     def update(self, key: Tensor, value: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this step's key and value (N, h, 1, d_k) at position `index` and return every
-        position's, (N, h, max_steps, d_k) each (DecoderLayer's self-attention reads them)."""
-        where = index.reshape(1)
+        """Write the keys and values (N, h, L, d_k) of positions index..index+L-1 (L = 1 in a
+        decoding step, the prompt in a prefill) and return every position's, (N, h, max_steps,
+        d_k) each (DecoderLayer's self-attention reads them)."""
+        where = index + torch.arange(key.shape[2], device=key.device)  # (L,)
         self.self_key.index_copy_(2, where, key)
         self.self_value.index_copy_(2, where, value)
         return self.self_key, self.self_value
@@ -343,14 +345,16 @@ class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
 
 class DecoderLayer(nn.Module):
     """Section 3.1, decoder: masked self-attention, cross-attention over the encoder output, then
-    feed-forward, each inside a residual."""
+    feed-forward, each inside a residual. A decoder-only model's layer (GPT, Radford et al. 2018)
+    has no encoder output to attend: no cross-attention sublayer, and no parameters for one."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.self_attention = MultiHeadAttention(config)
         self.self_attention_norm = layer_norm(config)
-        self.cross_attention = MultiHeadAttention(config)
-        self.cross_attention_norm = layer_norm(config)
+        cross = config.has_encoder
+        self.cross_attention = MultiHeadAttention(config) if cross else None
+        self.cross_attention_norm = layer_norm(config) if cross else None
         self.feed_forward = FeedForward(config)
         self.feed_forward_norm = layer_norm(config)
         self.dropout = nn.Dropout(config.dropout)
@@ -361,19 +365,21 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         memory: Tensor | None,
         self_mask: Tensor,
-        memory_mask: Tensor,
+        memory_mask: Tensor | None,
         *,
         return_attention: bool = False,
         cache: LayerCache | None = None,
         index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, LayerCache | None]:
         """x (B, T, d) over memory (B, S, d) -> (x, self and cross probabilities or None, cache).
+        Without cross-attention (decoder-only) memory and memory_mask are None, and so are the
+        cross probabilities.
 
-        With a cache (torch_impl/decode.py), x is the one position `index` (B, 1, d): its
-        self-attention key and value are written into the cache at `index` and the query attends
-        the whole buffer (self_mask says which entries are keys), and cross-attention takes the
-        memory's cached keys and values (memory unused). The cache returned is the one passed in,
-        updated in place (None without one).
+        With a cache (torch_impl/decode.py), x holds the positions index..index+T-1 (T = 1 in a
+        decoding step): their self-attention keys and values are written into the cache there
+        and the queries attend the whole buffer (self_mask says which entries each may see), and
+        cross-attention takes the memory's cached keys and values (memory unused). The cache
+        returned is the one passed in, updated in place (None without one).
         """
 
         def self_attention(y: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -383,16 +389,18 @@ class DecoderLayer(nn.Module):
         x, self_probs = residual(
             x, self_attention, self.self_attention_norm, self.dropout, self.pre_norm
         )
-        cross_kv = None if cache is None else (cache.cross_key, cache.cross_value)
-        x, cross_probs = residual(
-            x,
-            lambda y: self.cross_attention(
-                y, memory, memory_mask, return_attention=return_attention, kv=cross_kv
-            ),
-            self.cross_attention_norm,
-            self.dropout,
-            self.pre_norm,
-        )
+        cross_probs = None
+        if self.cross_attention is not None:
+            cross_kv = None if cache is None else (cache.cross_key, cache.cross_value)
+            x, cross_probs = residual(
+                x,
+                lambda y: self.cross_attention(
+                    y, memory, memory_mask, return_attention=return_attention, kv=cross_kv
+                ),
+                self.cross_attention_norm,
+                self.dropout,
+                self.pre_norm,
+            )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
@@ -408,8 +416,9 @@ class DecoderLayer(nn.Module):
 
 class Stack(nn.Module):
     """What Encoder and Decoder share (section 3.1): the token embedding (unless shared), the
-    positions, dropout, N = num_layers identical layers and the optional final LayerNorm (as
-    pre-norm models and nn.Transformer have)."""
+    positions, BERT's optional segment table and embedding LayerNorm, dropout, N = num_layers
+    identical layers and the optional final LayerNorm (as pre-norm models and nn.Transformer
+    have)."""
 
     layer_class: type[nn.Module]
 
@@ -434,6 +443,12 @@ class Stack(nn.Module):
             # A buffer that stays out of the state_dict: a function of the config, not a weight.
             table = sinusoidal_positions(config.max_len, config.d_model, config.sinusoid_layout)
             self.register_buffer("sinusoid", table, persistent=False)
+        # BERT's embeddings (Devlin et al. 2019, section 3): a segment table, of which the models
+        # read row 0 only (they take no segment ids), and a LayerNorm over the summed embeddings.
+        self.token_type_embedding = (
+            nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        )
+        self.embedding_norm = layer_norm(config) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(self.layer_class(config) for _ in range(num_layers))
         self.final_norm = layer_norm(config) if config.final_norm else None
@@ -457,7 +472,9 @@ class Stack(nn.Module):
     ) -> Tensor:
         """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]), (B, L, d);
         start None = 0. A decoding step's `start` is the cache's index tensor, read on the device
-        from a table of max_steps positions (default max_len) rather than back on the host."""
+        from a table of max_steps positions (default max_len) rather than back on the host.
+        BERT's additions, when the config has them: segment row 0 joins the sum, and the
+        embedding LayerNorm normalises it before the dropout."""
         c = self.config
         # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
@@ -470,7 +487,12 @@ class Stack(nn.Module):
             positions = start + torch.arange(ids.shape[1], device=ids.device)  # (L,)
             table = self._position_table(c.max_len if max_steps is None else max_steps)
             pe = table.index_select(0, positions)
-        return self.dropout(x + pe.to(x.dtype))
+        x = x + pe.to(x.dtype)
+        if self.token_type_embedding is not None:
+            x = x + self.token_type_embedding.weight[0]  # every token is of type 0
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        return self.dropout(x)
 
 
 class Encoder(Stack):
@@ -500,7 +522,7 @@ class Encoder(Stack):
 
 class Decoder(Stack):
     """Section 3.1: N = num_decoder_layers decoder layers over the embedded, right-shifted
-    target, each attending the encoder output."""
+    target, each attending the encoder output (a decoder-only model's attend none)."""
 
     layer_class = DecoderLayer
 
@@ -510,15 +532,16 @@ class Decoder(Stack):
     def forward(
         self,
         tgt_in: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         self_mask: Tensor,
-        memory_mask: Tensor,
+        memory_mask: Tensor | None,
         *,
         return_attention: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None, list[Tensor]]:
         """tgt_in (B, T) ids (BOS first) over memory (B, S, d), under self_mask (B, 1, T, T) and
-        memory_mask (B, 1, 1, S). Returns (output (B, T, d), self and cross probabilities per
-        layer or None, hidden states)."""
+        memory_mask (B, 1, 1, S); memory and memory_mask None for a decoder-only model. Returns
+        (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
+        cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
@@ -526,7 +549,8 @@ class Decoder(Stack):
                 x, memory, self_mask, memory_mask, return_attention=return_attention
             )
             self_attentions.append(self_probs)
-            cross_attentions.append(cross_probs)
+            if layer.cross_attention is not None:
+                cross_attentions.append(cross_probs)
             hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -535,8 +559,31 @@ class Decoder(Stack):
         return x, self_attentions, cross_attentions, hidden
 
 
+def pool(config: TransformerConfig, memory: Tensor, src: Tensor) -> Tensor | None:
+    """An encoder-only model's pooled vector (B, d) from its output memory (B, S, d) over the ids
+    src (B, S), or None when config.pooling is "none". "mean": the average over the non-pad
+    positions (sentence-transformers' mean pooling; a row with none gives zeros, not NaN);
+    "first": position 0 (BERT's [CLS]). pooled_l2_norm then divides by the L2 norm (a zero vector
+    stays zero)."""
+    if config.pooling == "none":
+        return None
+    if config.pooling == "first":
+        pooled = memory[:, 0]  # (B, d)
+    else:
+        real = (src != config.pad_id)[:, :, None].to(memory.dtype)  # (B, S, 1)
+        pooled = (memory * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # (B, d)
+    if config.pooled_l2_norm:
+        # Not F.normalize, which divides by max(norm, 1e-12) and so leaves a vector of tinier
+        # norm short of unit length; only an exact zero is kept as it is.
+        length = pooled.square().sum(dim=-1, keepdim=True).sqrt()  # (B, 1)
+        pooled = pooled / torch.where(length > 0.0, length, torch.ones_like(length))
+    return pooled
+
+
 class Transformer(nn.Module):
-    """Figure 1: the encoder-decoder, with the embedding sharing of section 3.4.
+    """Figure 1: the encoder-decoder, with the embedding sharing of section 3.4, and the two
+    halves of the family: decoder-only (num_encoder_layers 0, GPT: `encoder` is None) and
+    encoder-only (num_decoder_layers 0, BERT: `decoder` and `output` are None).
 
     share_embeddings: the decoder uses the encoder's nn.Embedding (one matrix). tie_output: the
     pre-softmax projection's weight is the target embedding (nanoGPT's weight tying), so the
@@ -546,11 +593,15 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config)
+        self.encoder = Encoder(config) if config.has_encoder else None
         # rosetta: embeddings
         shared = self.encoder.embedding if config.share_embeddings else None
-        self.decoder = Decoder(config, shared)
-        self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
+        self.decoder = Decoder(config, shared) if config.has_decoder else None
+        self.output = (
+            nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
+            if config.has_decoder
+            else None
+        )
         if config.tie_output:
             self.output.weight = self.decoder.embedding.weight  # (V, d): logits = y E^T
         # rosetta: end
@@ -579,17 +630,22 @@ class Transformer(nn.Module):
         return self.encoder(src, mask, return_attention=return_attention)
 
     def decode(
-        self, tgt_in: Tensor, memory: Tensor, src: Tensor, *, return_attention: bool = False
+        self,
+        tgt_in: Tensor,
+        memory: Tensor | None,
+        src: Tensor | None,
+        *,
+        return_attention: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None, list[Tensor]]:
         """The decoder on target ids (B, T) shifted right behind BOS, over memory (B, S, d) whose
-        padding `src` (B, S) gives. Returns (logits (B, T, V), self and cross probabilities per
-        layer or None, hidden states); see Decoder.forward."""
+        padding `src` (B, S) gives (both None for a decoder-only model). Returns (logits (B, T, V),
+        self and cross probabilities per layer or None, hidden states); see Decoder.forward."""
         pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
             decoder_self_mask(tgt_in, pad),  # (B, 1, T, T)
-            key_padding_mask(src, pad),  # (B, 1, 1, S)
+            None if src is None else key_padding_mask(src, pad),  # (B, 1, 1, S)
             return_attention=return_attention,
         )
         return self.logits(y), self_attentions, cross_attentions, hidden
@@ -599,17 +655,28 @@ class Transformer(nn.Module):
         return self.output(y)
 
     def forward(
-        self, src: Tensor, tgt_in: Tensor, *, return_attention: bool = False
+        self, src: Tensor | None, tgt_in: Tensor | None, *, return_attention: bool = False
     ) -> dict[str, Tensor | list[Tensor] | None]:
         """Teacher-forced decoding; the keys are the fields of common.spec.results.ForwardOutput.
         The attention lists are None unless return_attention (the explicit path; otherwise the
-        fused one throughout); the hidden states are always there."""
-        memory, encoder_attentions, encoder_hidden = self.encode(
-            src, return_attention=return_attention
-        )
-        logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
-            tgt_in, memory, src, return_attention=return_attention
-        )
+        fused one throughout); the hidden states are always there. A half of the family takes
+        only its own input (the other None) and leaves the other half's entries None (outputs)
+        or empty (lists): decoder-only has no encoder_output, encoder-only no logits."""
+        # An absent half's lists are empty; with return_attention off its maps stay None.
+        memory, pooled, encoder_hidden = None, None, []
+        encoder_attentions = [] if return_attention else None
+        if self.encoder is not None:
+            memory, encoder_attentions, encoder_hidden = self.encode(
+                src, return_attention=return_attention
+            )
+            pooled = pool(self.config, memory, src)
+        logits, decoder_hidden = None, []
+        self_attentions = [] if return_attention else None
+        cross_attentions = [] if return_attention else None
+        if self.decoder is not None:
+            logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
+                tgt_in, memory, src, return_attention=return_attention
+            )
         return {
             "logits": logits,
             "encoder_output": memory,
@@ -618,4 +685,5 @@ class Transformer(nn.Module):
             "cross_attention": cross_attentions,
             "encoder_hidden_states": encoder_hidden,
             "decoder_hidden_states": decoder_hidden,
+            "pooled_output": pooled,
         }

@@ -51,10 +51,11 @@ def label_smoothed_loss(
 
 
 def compute_loss(
-    model: Transformer, src: Tensor, tgt_in: Tensor, tgt: Tensor
+    model: Transformer, src: Tensor | None, tgt_in: Tensor, tgt: Tensor
 ) -> tuple[Tensor, float, int]:
     """The loss of `model` on src (B, S) and the target tgt (B, T), teacher-forced: the decoder
     reads tgt_in (tgt shifted right behind BOS, common.spec.masks.shift_right) and predicts tgt.
+    A decoder-only model has no source (src None): a language model's next-token loss.
     Dropout follows the module's training flag."""
     c = model.config
     logits = model(src, tgt_in)["logits"]  # (B, T, V), the fused attention path
@@ -76,7 +77,7 @@ def _training(model: nn.Module) -> Iterator[None]:
 
 
 def loss_and_grads(
-    model: Transformer, src: Tensor, tgt_in: Tensor, tgt: Tensor
+    model: Transformer, src: Tensor | None, tgt_in: Tensor, tgt: Tensor
 ) -> tuple[Tensor, float, int, dict[str, Tensor]]:
     """(loss, accuracy, tokens) as compute_loss, the loss detached, and d loss / d weight for
     every canonical tensor; leaves no `.grad` behind, so that it cannot leak into an optimiser
@@ -134,7 +135,7 @@ def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def train_step(  # idiom: torch's optimiser is given each step's rate (step, warmup, factor)
     model: Transformer,
     optimizer: torch.optim.Optimizer,
-    src: Tensor,
+    src: Tensor | None,
     tgt_in: Tensor,
     tgt: Tensor,
     *,

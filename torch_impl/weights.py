@@ -14,7 +14,10 @@ computes y = x W^T + b with W stored [out, in], while the canonical layout is y 
 
 Tied tensors are one Parameter under several state_dict keys: a shared embedding is
 encoder.embedding.weight and decoder.embedding.weight, a tied output is also output.weight.
-Every shape is asserted before a copy (nanoGPT's from_pretrained).
+Every shape is asserted before a copy (nanoGPT's from_pretrained). A half of the family has only
+the tensors canonical_specs lists, and its Transformer has no module for the rest (`encoder`, or
+`decoder` and `output`, or each decoder layer's `cross_attention` is None), so its state_dict
+holds exactly those keys.
 
 The native checkpoint is torch.save(model.state_dict()), and it is read only with
 torch.load(weights_only=True): a pickle that would build anything but tensors is refused unrun.
@@ -50,14 +53,16 @@ def native_name_map(config: TransformerConfig) -> dict[str, str]:
     tensor maps to its first key; native_aliases lists them all."""
     emb = embedding_names(config)
     # Token embeddings live in the stacks; a shared one is the encoder's (assigned last, wins).
-    modules = {emb["target"]: "decoder.embedding", emb["source"]: "encoder.embedding"}
+    # A half of the family lacks one stack (its embedding name is None).
+    stacks = {emb["target"]: "decoder.embedding", emb["source"]: "encoder.embedding"}
+    modules = {name: module for name, module in stacks.items() if name is not None}
     names = {}
     for spec in canonical_specs(config):
         if spec.name in modules:
             names[spec.name] = f"{modules[spec.name]}.weight"
-        elif spec.role == "embedding":  # learned positions: an nn.Embedding under the same path
+        elif spec.role == "embedding":  # learned positions and segments: nn.Embedding, same path
             names[spec.name] = f"{spec.name}.weight"
-        else:  # kernel and LayerNorm scale -> weight; bias -> bias
+        else:  # kernel and LayerNorm scale -> weight; bias -> bias (embedding_norm's too)
             stem, _, leaf = spec.name.rpartition(".")
             names[spec.name] = f"{stem}.{'bias' if leaf == 'bias' else 'weight'}"
     return names
@@ -299,7 +304,8 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     weights_only=True makes torch unpickle through an allow-list (tensors, dicts, lists, numbers),
     so a file whose pickle would build any other object (the classic `__reduce__` payload that
     runs os.system) is refused before anything in it runs. A `{"state_dict": {...}}` wrapper, as
-    Lightning and many training scripts write, is unwrapped. The path must be a regular file (a
+    Lightning and many training scripts write, is unwrapped, and so is nanoGPT's training
+    checkpoint `{"model": {...}, "optimizer": ..., ...}`. The path must be a regular file (a
     FIFO is refused unopened), and its first bytes must be a zip archive holding data.pkl or a
     binary pickle; every other problem becomes one WeightFileError, never a traceback from
     torch's zip or pickle readers, and never advice to load without weights_only.
@@ -340,8 +346,10 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             name, [f"not a torch checkpoint ({type(exc).__name__}: {_reason(exc)})"]
         ) from None
 
-    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
-        obj = obj["state_dict"]
+    for wrapper in ("state_dict", "model"):  # Lightning's; nanoGPT's ckpt.pt
+        if isinstance(obj, Mapping) and isinstance(obj.get(wrapper), Mapping):
+            obj = obj[wrapper]
+            break
     if not isinstance(obj, Mapping):
         raise WeightFileError(
             name, [f"not a state_dict: the file holds a {type(obj).__name__}, not a dict"]

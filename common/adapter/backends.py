@@ -41,8 +41,8 @@ class Model(Protocol):
 
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,
@@ -50,7 +50,9 @@ class Model(Protocol):
     ) -> ForwardOutput:
         """Eval-mode forward. `attention=True` takes the explicit path and returns probabilities;
         `attention=False` takes the framework's fused attention kernel. `mode` is one of the
-        backend's `modes` ("eager", "compiled"). Raises InputError for ids the model cannot take.
+        backend's `modes` ("eager", "compiled"). A half of the family takes None for the input
+        it lacks (common.spec.inputs.check_inputs). Raises InputError for ids the model cannot
+        take.
         """
         ...
 
@@ -64,9 +66,10 @@ class TrainableModel(Protocol):
     config (tests use dropout 0, so that the three frameworks take identical steps).
     """
 
-    def loss_and_grads(self, src: np.ndarray, tgt: np.ndarray) -> LossOutput:
+    def loss_and_grads(self, src: np.ndarray | None, tgt: np.ndarray) -> LossOutput:
         """Label-smoothed loss (common.oracle.training.label_smoothed_loss) and its gradient for every
-        canonical tensor, under canonical names and layouts."""
+        canonical tensor, under canonical names and layouts. A decoder-only model takes src None;
+        an encoder-only one cannot train (InputError, common.spec.inputs.check_trainable)."""
         ...
 
     def train_steps(
@@ -90,7 +93,9 @@ class DecodingModel(Protocol):
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> Stepper:
         """Encode src (B, S) once and return a Stepper over B * beams rows (row r decodes source
-        r // beams) that takes at most max_steps steps (BOS included).
+        r // beams) that takes at most max_steps steps (BOS included). For a decoder-only model
+        src is the prompt (B, P): its first P - 1 tokens are prefilled into the cache, and the
+        first step feeds its last token (common.decoding.search.start_tokens).
 
         cached=True keeps every decoder layer's self-attention keys and values (a buffer of
         max_steps positions, written one position per step) and the cross-attention keys and

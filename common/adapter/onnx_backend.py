@@ -26,7 +26,7 @@ from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
 from common.spec.names import canonical_shapes, onnx_cache_names
 from common.spec.precision import DEFAULT_PRECISION, check_precision
-from common.spec.results import ATTENTION_OUTPUTS, ForwardOutput
+from common.spec.results import ATTENTION_OUTPUTS, ForwardOutput, attention_layers
 
 
 def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> object:
@@ -125,8 +125,8 @@ class OnnxModel:
         logits, memory, *maps = run(None, {"src": src, "tgt_in": tgt_in})
         groups = {}
         if attention:  # the maps come in ATTENTION_OUTPUTS' order, each group's layers in turn
-            for _, field, layers in ATTENTION_OUTPUTS:
-                n = getattr(self.config, layers)
+            for _, field, _ in ATTENTION_OUTPUTS:
+                n = attention_layers(self.config, field)
                 groups[field], maps = maps[:n], maps[n:]
         return ForwardOutput(logits=logits, encoder_output=memory, **groups)
 
@@ -163,4 +163,9 @@ class OnnxBackend:
         precision: str = DEFAULT_PRECISION,
     ) -> OnnxModel:
         check_build_request(self, dtype, device, precision)
+        if config.kind != "encoder_decoder":  # the graphs are the encoder-decoder's
+            raise InputError(
+                f"onnx: the exported graphs are the encoder-decoder's; this model is "
+                f"{config.kind.replace('_', '-')}"
+            )
         return OnnxModel(config, weights, device, precision)

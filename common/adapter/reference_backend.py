@@ -7,9 +7,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from common.adapter.backends import check_build_request, check_mode
+from common.decoding.search import check_stepper_request
 from common.oracle import reference
 from common.spec.config import TransformerConfig
-from common.spec.inputs import check_ids, check_inputs, check_length
+from common.spec.inputs import check_inputs
 from common.spec.names import canonical_shapes
 from common.spec.precision import DEFAULT_PRECISION
 from common.spec.results import ForwardOutput
@@ -17,16 +18,22 @@ from common.spec.results import ForwardOutput
 
 class PrefixStepper:
     """The oracle's Stepper (common.decoding.search): it re-runs reference.decode over the whole prefix at
-    every step, the plainest correct decoder, against which every cache is tested."""
+    every step, the plainest correct decoder, against which every cache is tested. A decoder-only
+    model's src is the prompt: the prefix starts as its first P - 1 tokens, and there is no
+    memory."""
 
     def __init__(
         self, weights: dict[str, np.ndarray], c: TransformerConfig, src: np.ndarray, beams: int
     ) -> None:
         self.weights, self.config = weights, c
-        memory, _, _ = reference.encode(weights, c, src)
-        self.src = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
-        self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
-        self.prefix = np.zeros((self.src.shape[0], 0), dtype=np.int64)
+        rows = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
+        if c.has_encoder:
+            memory, _, _ = reference.encode(weights, c, src)
+            self.src, self.memory = rows, np.repeat(memory, beams, axis=0)  # (N, S, d)
+            self.prefix = np.zeros((rows.shape[0], 0), dtype=np.int64)
+        else:
+            self.src = self.memory = None
+            self.prefix = rows[:, :-1]
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.prefix = np.concatenate([self.prefix, np.asarray(tokens, np.int64)[:, None]], axis=1)
@@ -34,7 +41,9 @@ class PrefixStepper:
         return reference.output_logits(self.weights, self.config, y[:, -1])  # (N, V)
 
     def reorder(self, rows: np.ndarray) -> None:
-        self.prefix, self.memory, self.src = self.prefix[rows], self.memory[rows], self.src[rows]
+        self.prefix = self.prefix[rows]
+        if self.memory is not None:
+            self.memory, self.src = self.memory[rows], self.src[rows]
 
 
 class NumpyModel:
@@ -70,8 +79,7 @@ class NumpyModel:
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> PrefixStepper:
         """The oracle has no cache: `cached` is accepted and ignored."""
-        src = check_ids(src, "src", self.config.src_vocab_size)
-        check_length(src.shape[1], "src", self.config)
+        src = check_stepper_request(self.config, src, beams, max_steps)
         return PrefixStepper(self.weights, self.config, src, beams)
 
 

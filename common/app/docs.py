@@ -52,11 +52,18 @@ _SYMBOLS = {
     7: "d_k",
     9: "d_ff",
     17: "max_len",
+    3: "type_vocab",
 }
 # Every tensor is present or absent according to one switch; the probe turns all of them on.
 _MAXIMAL = dict(
-    share_embeddings=False, tie_output=False, output_bias=True, final_norm=True, attention_bias=True
+    share_embeddings=False,
+    tie_output=False,
+    output_bias=True,
+    final_norm=True,
+    attention_bias=True,
 )
+# BERT's embedding additions, on for the names tables only (the importers' tables have none).
+_EMBEDDING_EXTRAS = dict(type_vocab_size=3, embedding_norm=True)
 _SWITCHES = {
     "share_embeddings": True,
     "tie_output": True,
@@ -64,7 +71,19 @@ _SWITCHES = {
     "final_norm": False,
     "attention_bias": False,
     "position_kind": "sinusoidal",
+    "type_vocab_size": 0,
+    "embedding_norm": False,
+    "num_encoder_layers": 0,
+    "num_decoder_layers": 0,
 }
+# How a switch reads in "present when", where it is not `field = its maximal value`; and what
+# else flipping it needs to stay a valid config (an encoder-only model has no output bias).
+_PRESENT = {
+    "type_vocab_size": "type_vocab_size >= 1",
+    "num_encoder_layers": "an encoder (num_encoder_layers >= 1)",
+    "num_decoder_layers": "a decoder (num_decoder_layers >= 1)",
+}
+_ALSO = {"num_decoder_layers": {"output_bias": False}}
 
 
 def _template(name: str) -> str:
@@ -73,7 +92,7 @@ def _template(name: str) -> str:
 
 
 def _names(**changes: object) -> dict[str, tuple[int, ...]]:
-    config = TransformerConfig(**{**_PROBE, **_MAXIMAL, **changes})
+    config = TransformerConfig(**{**_PROBE, **_MAXIMAL, **_EMBEDDING_EXTRAS, **changes})
     return {s.name: s.shape for s in canonical_specs(config)}
 
 
@@ -87,9 +106,11 @@ def names_table() -> str:
         same_vocab = (
             {"tgt_vocab_size": _PROBE["src_vocab_size"]} if switch == "share_embeddings" else {}
         )
-        other = _names(**{switch: flipped}, **same_vocab)
+        other = _names(**{switch: flipped}, **same_vocab, **_ALSO.get(switch, {}))
+        maximal = {**_MAXIMAL, **_EMBEDDING_EXTRAS}.get(switch, "learned")
+        present = _PRESENT.get(switch, f"{switch} = {_json(maximal)}")
         for n in base.keys() - other.keys():
-            conditions[n].append(f"{switch} = {_json(_MAXIMAL.get(switch, 'learned'))}")
+            conditions[n].append(present)
         for n in other.keys() - base.keys():
             gained[n] = (other[n], f"{switch} = {_json(flipped)}")
     rows = [(n, shape, cond) for n, (shape, cond) in gained.items()]
@@ -130,12 +151,16 @@ def config_table() -> str:
     """Every config field with its default (the paper's base model) and what it allows."""
     from dataclasses import fields
 
-    from common.spec.config import _CHOICES
+    from common.spec.config import _CHOICES, _COUNT_FIELDS
 
     lines = ["| field | default | allowed |", "|---|---|---|"]
     for f in fields(TransformerConfig):
         allowed = {
-            int: "integer >= 1" if not f.name.endswith("_id") else "integer in [0, vocab)",
+            int: "integer in [0, vocab)"
+            if f.name.endswith("_id")
+            else "integer >= 0"
+            if f.name in _COUNT_FIELDS
+            else "integer >= 1",
             float: "number in [0, 1)" if f.name != "layer_norm_eps" else "number in (0, 1)",
             bool: "true / false",
             type(None): "integer >= 1, or null (d_model / num_heads)",
@@ -174,7 +199,7 @@ def native_names_table() -> str:
         }
         from torch_impl.weights import native_shape
     configs = [
-        TransformerConfig(**{**_PROBE, **_MAXIMAL}),
+        TransformerConfig(**{**_PROBE, **_MAXIMAL, **_EMBEDDING_EXTRAS}),
         TransformerConfig(**{**_PROBE, "tgt_vocab_size": _PROBE["src_vocab_size"]}),  # shared
     ]
     rows: dict[str, list[str]] = {}
@@ -315,14 +340,28 @@ def marian_table() -> str:
     return _port_table(mapping_table(config))
 
 
+def bert_table() -> str:
+    """A BERT encoder as transformers' BertModel saves it: what config.json maps to, what the
+    model's code fixes, then the name map (keys may also start with `bert.`)."""
+    from common.porting.bert import HF_FIELD, TABLE, mapping_table
+
+    lines = ["| config.json key | our field |", "|---|---|"]
+    lines += [f"| `{key}` | `{ours}` |" for ours, key in HF_FIELD.items()]
+    lines += [f"| (BertModel's code) | `{name}: {_json(v)}` |" for name, v in TABLE.fixed.items()]
+    config = TransformerConfig(**{**_PROBE, **TABLE.fixed, "type_vocab_size": 2})
+    return "\n".join(lines) + "\n\n" + _port_table(mapping_table(config, patterns=True))
+
+
 def tutorial_table(kind: str) -> str:
-    """What an importer table of common/porting/tutorials.py fixes (with why), what --config must
-    or may give, then its name map with the layer index as {i} (or Keras's {_i})."""
+    """What an importer table of common/porting/tutorials.py or gpt.py fixes (with why), what
+    --config must or may give, then its name map with the layer index as {i} (or Keras's {_i})."""
+    from common.porting.gpt import TABLES as GPT_TABLES
     from common.porting.table import rows
     from common.porting.tutorials import TABLES
 
-    table = TABLES[kind]
-    fields = {**_PROBE, **table.defaults, **table.fixed, "position_kind": "sinusoidal"}
+    table = {**TABLES, **GPT_TABLES}[kind]
+    # Sinusoidal unless the table fixes the kind (the GPTs' learned positions).
+    fields = {**_PROBE, "position_kind": "sinusoidal", **table.defaults, **table.fixed}
     if kind == "tf-tutorial-v2":
         fields["key_dim"] = _PROBE["d_model"]  # key_dim=d_model, as the tutorial passes it
     config = TransformerConfig(**fields)
@@ -334,9 +373,13 @@ def tutorial_table(kind: str) -> str:
     needs = ", ".join(f"`{n}`" for n in table.needs) or "nothing"
     defaults = ", ".join(f"`{k}` {_json(v)}" for k, v in table.defaults.items()) or "none"
     told = ", ".join(f"`{n}`" for n in (*table.sizes, *table.layer_counts))
+    flags = ", ".join(
+        f"`{n}` (true when `{k.replace('{prefix}', '')}` is present)"
+        for n, k in table.flags.items()
+    )
     lines.append(
         f"`--config` must give {needs}; it may change the text's defaults ({defaults}). The "
-        f"file's shapes tell {told}."
+        f"file's shapes tell {told}." + (f" Its keys tell {flags}." if flags else "")
     )
     lines.append("")
     lines.append(_port_table(rows(table, config, patterns=True)))
@@ -346,6 +389,7 @@ def tutorial_table(kind: str) -> str:
 PORTING_GENERATORS: dict[str, Callable[[], str]] = {
     "nn_transformer": nn_transformer_table,
     "marian": marian_table,
+    "bert": bert_table,
     **{
         kind.replace("-", "_"): functools.partial(tutorial_table, kind)
         for kind in (
@@ -354,6 +398,10 @@ PORTING_GENERATORS: dict[str, Callable[[], str]] = {
             "tf-tutorial-v1",
             "tf-tutorial-v2",
             "keras-prenorm",
+            "mingpt",
+            "nanogpt",
+            "gpt2",
+            "seed-gpt",
         )
     },
 }

@@ -15,8 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS, RUNTIMES, get_backend, unavailable_reason
-from common.errors import RosettaError
+from common.adapter.backends import (
+    FRAMEWORKS,
+    REGISTRY,
+    RUNTIMES,
+    get_backend,
+    unavailable_reason,
+)
+from common.errors import InputError, RosettaError
 from common.oracle import reference
 from common.spec.config import TransformerConfig
 from common.spec.precision import DEFAULT_PRECISION
@@ -24,6 +30,7 @@ from common.spec.results import ForwardOutput
 from common.spec.tolerances import atol_for
 
 ORACLE = "numpy"
+FUSED = " (fused)"  # the suffix of a quantity computed on the fused attention path
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,8 @@ class Comparison:
 
 @dataclass
 class Run:
-    """One framework on one device: its label and outputs (explicit path, plus the fused-path
-    logits under "logits (fused)")."""
+    """One framework on one device: its label and outputs (explicit path, plus the fused path's
+    main output, fused_outputs)."""
 
     label: str
     framework: str
@@ -60,8 +67,8 @@ class Run:
 class ParityReport:
     config: TransformerConfig
     dtype: str
-    src: np.ndarray
-    tgt_in: np.ndarray
+    src: np.ndarray | None  # None for a decoder-only model (check_inputs)
+    tgt_in: np.ndarray | None  # None for an encoder-only model
     runs: list[Run]
     skipped: dict[str, str]
     oracle: dict[str, np.ndarray]  # the float64 oracle's outputs, by the same names
@@ -82,6 +89,10 @@ class ParityReport:
         )
 
     @property
+    def batch(self) -> int:
+        return batch_size(self.src, self.tgt_in)
+
+    @property
     def quantities(self) -> list[str]:
         seen: dict[str, None] = {}
         for c in self.comparisons:
@@ -100,9 +111,10 @@ class ParityReport:
             "config": self.config.to_dict(),
             "dtype": self.dtype,
             "precision": self.precision,
-            "batch": int(self.src.shape[0]),
-            "src_len": int(self.src.shape[1]),
-            "tgt_len": int(self.tgt_in.shape[1]),
+            "kind": self.config.kind,
+            "batch": self.batch,
+            "src_len": None if self.src is None else int(self.src.shape[1]),
+            "tgt_len": None if self.tgt_in is None else int(self.tgt_in.shape[1]),
             "runs": [
                 {
                     "label": r.label,
@@ -117,6 +129,29 @@ class ParityReport:
             "comparisons": [{**asdict(c), "passed": c.passed} for c in self.comparisons],
             "passed": self.passed,
         }
+
+
+def batch_size(src: np.ndarray | None, tgt_in: np.ndarray | None) -> int:
+    """The rows of whichever input the model takes (a half of the family takes one)."""
+    return int((src if src is not None else tgt_in).shape[0])
+
+
+def describe_inputs(src: np.ndarray | None, tgt_in: np.ndarray | None) -> str:
+    """ "4 x (9, 7) tokens"; a half's one input: "4 x 7 target tokens", "4 x 9 source tokens"."""
+    rows = batch_size(src, tgt_in)
+    if src is not None and tgt_in is not None:
+        return f"{rows} x ({src.shape[1]}, {tgt_in.shape[1]}) tokens"
+    if src is None:
+        return f"{rows} x {tgt_in.shape[1]} target tokens"
+    return f"{rows} x {src.shape[1]} source tokens"
+
+
+def fused_outputs(config: TransformerConfig, out: ForwardOutput) -> dict[str, np.ndarray]:
+    """What the fused attention path is compared on: the logits of a model with a decoder, the
+    encoder output of an encoder-only one (its only full-sequence output; pooling reads it)."""
+    if config.has_decoder:
+        return {f"logits{FUSED}": out.logits}
+    return {f"encoder_output{FUSED}": out.encoder_output}
 
 
 def compare(
@@ -167,25 +202,25 @@ def run_framework(
     name: str,
     config: TransformerConfig,
     weights: Mapping[str, np.ndarray],
-    src: np.ndarray,
-    tgt_in: np.ndarray,
+    src: np.ndarray | None,
+    tgt_in: np.ndarray | None,
     dtype: str,
     device: str,
     precision: str = DEFAULT_PRECISION,
 ) -> dict[str, np.ndarray]:
-    """Every output of one framework: the explicit path's, plus the fused path's logits."""
+    """Every output of one framework: the explicit path's, plus the fused path's (fused_outputs)."""
     backend = get_backend(name)
     model = backend.build(config, weights, dtype=dtype, device=device, precision=precision)
     explicit = model.forward(src, tgt_in, attention=True).named()
     fused = model.forward(src, tgt_in, attention=False)
-    return {**explicit, "logits (fused)": fused.logits}
+    return {**explicit, **fused_outputs(config, fused)}
 
 
 def oracle_outputs(
     config: TransformerConfig,
     weights: Mapping[str, np.ndarray],
-    src: np.ndarray,
-    tgt_in: np.ndarray,
+    src: np.ndarray | None,
+    tgt_in: np.ndarray | None,
     dtype: str,
 ) -> dict[str, np.ndarray]:
     """The float64 oracle on the weights as the frameworks hold them (rounded to `dtype`)."""
@@ -195,16 +230,15 @@ def oracle_outputs(
         k: np.asarray(v).astype(numpy_dtype(dtype)).astype(np.float64) for k, v in weights.items()
     }
     out: ForwardOutput = reference.forward(rounded, config, src, tgt_in)
-    named = out.named()
-    named["logits (fused)"] = out.logits
-    return named
+    # The oracle has one attention path: it is the reference of the fused rows too.
+    return {**out.named(), **fused_outputs(config, out)}
 
 
 def run_parity(
     config: TransformerConfig,
     weights: Mapping[str, np.ndarray],
-    src: np.ndarray,
-    tgt_in: np.ndarray,
+    src: np.ndarray | None,
+    tgt_in: np.ndarray | None,
     *,
     frameworks: Sequence[str] = FRAMEWORKS,
     dtype: str = "float32",
@@ -214,8 +248,10 @@ def run_parity(
 ) -> ParityReport:
     """Run every requested, installed framework and compare all outputs.
 
-    Unknown framework names are a RosettaError; frameworks that cannot run here are listed in
-    `skipped` with the reason. The oracle always runs, as the reference.
+    src and tgt_in as check_inputs returns them: None for the half a model lacks. Unknown
+    framework names are a RosettaError; frameworks that cannot run here are listed in `skipped`
+    with the reason (an exported runtime, onnx, whose graphs do not cover the model's kind, too).
+    The oracle always runs, as the reference.
     """
     unknown = [f for f in frameworks if f not in RUNTIMES]
     if unknown:
@@ -227,7 +263,7 @@ def run_parity(
     skipped: dict[str, str] = {}
     runs: list[Run] = []
     setting = dtype if dtype != "float32" else f"float32, {precision} products"
-    say(f"oracle: numpy float64 on {src.shape[0]} x ({src.shape[1]}, {tgt_in.shape[1]}) tokens")
+    say(f"oracle: numpy float64 on {describe_inputs(src, tgt_in)}")
     want = oracle_outputs(config, weights, src, tgt_in, dtype)
     for name in frameworks:
         if name == ORACLE:
@@ -248,7 +284,15 @@ def run_parity(
             label = name if dev == "cpu" and device != "all" else f"{name}@{dev}"
             say(f"{label}: building and running ({backend.version()}, {setting})")
             start = time.perf_counter()
-            outputs = run_framework(name, config, weights, src, tgt_in, dtype, dev, precision)
+            try:
+                outputs = run_framework(name, config, weights, src, tgt_in, dtype, dev, precision)
+            except InputError as exc:
+                # The inputs passed check_inputs, so an exported runtime refusing them refuses the
+                # model itself: onnx's graphs are exported from the encoder-decoder only.
+                if not REGISTRY[name].exported:
+                    raise
+                skipped[name] = str(exc).removeprefix(f"{name}: ")
+                break
             runs.append(
                 Run(label, name, dev, backend.version(), outputs, time.perf_counter() - start)
             )

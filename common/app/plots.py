@@ -10,6 +10,8 @@ import numpy as np
 
 from common.app.parity import ParityReport
 from common.files.outputs import atomic_write, make_folder
+from common.spec.config import TransformerConfig
+from common.spec.results import ATTENTION_OUTPUTS, attention_layers
 
 KINDS = {
     "encoder.layers.{}.self_attention": ("encoder self-attention", "source", "source"),
@@ -23,9 +25,15 @@ KINDS = {
 PNG_BYTES_BOUND = 1 << 20
 
 
-def attention_plot_names(layer: int, head: int) -> list[str]:
-    """The file names plot_attention writes for (layer, head), so a caller can check them first."""
-    return [attention_plot_name(pattern.format(layer), head) for pattern in KINDS]
+def attention_plot_names(config: TransformerConfig, layer: int, head: int) -> list[str]:
+    """The file names plot_attention writes for (layer, head), so a caller can check them first:
+    one per attention kind the model has at that layer (a decoder-only model has no encoder and
+    no cross-attention, an encoder-only one only the encoder's)."""
+    return [
+        attention_plot_name(pattern.format(layer), head)
+        for pattern, field, _ in ATTENTION_OUTPUTS
+        if layer < attention_layers(config, field)
+    ]
 
 
 def attention_plot_name(key: str, head: int) -> str:
@@ -35,7 +43,8 @@ def attention_plot_name(key: str, head: int) -> str:
 def plot_attention(
     report: ParityReport, folder: str | Path, layer: int, head: int, row: int
 ) -> list[Path]:
-    """Write one PNG per attention kind for (layer, head) of batch row `row`; return the paths."""
+    """Write one PNG per attention kind the model has, for (layer, head) of batch row `row`;
+    return the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,8 +53,9 @@ def plot_attention(
     folder = Path(folder)
     make_folder(folder, "--plot")
     oracle = report.oracle
-    src_tokens = [str(t) for t in report.src[row]]
-    tgt_tokens = [str(t) for t in report.tgt_in[row]]
+    # A half of the family has one of the two inputs; only its maps are in the outputs.
+    src_tokens = [] if report.src is None else [str(t) for t in report.src[row]]
+    tgt_tokens = [] if report.tgt_in is None else [str(t) for t in report.tgt_in[row]]
     written = []
     for pattern, (title, ylabel, xlabel) in KINDS.items():
         key = pattern.format(layer)

@@ -7,13 +7,17 @@ out of training, and the model and schedule that learn it. The one task so far:
   ("40213" -> "forty thousand two hundred thirteen", "71" -> "seventy-one"). Characters in,
   words out, and the alignment is non-monotone ("13" -> "thirteen", "80" -> "eighty"), so the
   cross-attention has something to show.
+- "numbers-lm": the same pairs for a decoder-only language model (GPT-style): one sequence
+  "0 4 0 2 1 3 = forty thousand two hundred thirteen" in one vocabulary, the digits zero-padded
+  to six so that every prompt ("<s> 0 4 0 2 1 3 =") has one length. Trained on next-token
+  prediction over the whole sequence, it translates by continuing the prompt.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -247,6 +251,74 @@ TASKS: dict[str, Task] = {
         target_width=12,  # 777777: "seven hundred seventy - seven thousand ..." is 11 tokens, + EOS
     ),
 }
+
+
+SEPARATOR = "="  # between source and target in a LanguageModelTask's sequence
+
+
+@dataclass(frozen=True)
+class LanguageModelTask(Task):
+    """A task's pairs as one sequence for a decoder-only model (num_encoder_layers 0): the
+    source's symbols, SEPARATOR, the target's words, EOS. The model reads it behind BOS and
+    predicts every next token; it translates by continuing the prompt BOS + source + SEPARATOR
+    (common/decoding/search.py: the prompt is prefilled, then greedy or beam search).
+
+    `target` is the one vocabulary of the sequence (decode reads the generated words with it);
+    `source` still checks and splits the source text."""
+
+    def config(self) -> TransformerConfig:
+        """The encoder-decoder's sizes as a decoder-only model: one vocabulary, the output tied to
+        its embedding, the task's layer count in the one stack."""
+        return (
+            super()
+            .config()
+            .replace(
+                src_vocab_size=self.target.size,
+                num_encoder_layers=0,
+                num_decoder_layers=self.layers,
+            )
+        )
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The source's symbols, zero-padded on the left to source_width, then SEPARATOR."""
+        self.check_source(text)
+        self.source.encode(text, what="input")  # names any symbol the task does not know
+        padded = text.rjust(self.source_width, "0")
+        return self.target.encode(" ".join(padded) + f" {SEPARATOR}", what="input")
+
+    def encode_sources(self, texts: list[str]) -> np.ndarray:
+        """(B, P) prompts, BOS first; every row the same length, as a batch of prompts must be."""
+        return batch_ids([[BOS_ID, *self.prompt_ids(t)] for t in texts], eos=False)
+
+    def train_batches(self, seed: int) -> LanguageModelStream:
+        return LanguageModelStream(self, seed)
+
+
+class LanguageModelStream(TrainStream):
+    """Training batches (None, sequence) for a LanguageModelTask: no source, the whole sequence
+    as the target (the decoder reads it shifted right behind BOS)."""
+
+    def next_batch(self) -> tuple[None, np.ndarray]:
+        t = self.task
+        rows = []
+        while len(rows) < t.batch_size:
+            src, tgt = t.sample(self.rng)
+            if src not in self.held_out:
+                rows.append(t.prompt_ids(src) + t.target.encode(tgt))
+        width = t.source_width + 1 + t.target_width
+        return None, batch_ids(rows, eos=True, width=width)
+
+
+TASKS["numbers-lm"] = LanguageModelTask(
+    **{
+        **{f.name: getattr(TASKS["numbers"], f.name) for f in fields(Task)},
+        "name": "numbers-lm",
+        "description": "the numbers task for a decoder-only LM: '0 0 0 0 7 1 =' -> 'seventy-one'",
+        "target": Tokenizer(
+            tuple("0123456789") + (SEPARATOR,) + TASKS["numbers"].target.symbols, "words"
+        ),
+    }
+)
 
 
 def get_task(name: str) -> Task:

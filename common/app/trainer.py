@@ -1,6 +1,10 @@
 """Training a model on a generated task and using it: the loop behind `rosetta train`, `rosetta
 translate` and `rosetta demo`, written once over the adapter (common/adapter/backends.py), so it is the
 same loop for every framework.
+
+The task decides the model's kind: an encoder-decoder reads (src, tgt) batches and translates
+from the source; a decoder-only model (a LanguageModelTask) reads (None, sequence) batches and
+translates by continuing a prompt, which task.encode_sources makes in place of the source.
 """
 
 from __future__ import annotations
@@ -74,15 +78,17 @@ def train(
 
 
 def decode(model: Model, src: np.ndarray, *, beam: int = 1) -> Decoded:
-    """Greedy (beam 1) or beam search (common/decoding/search.py) with the model's cached stepper."""
+    """Greedy (beam 1) or beam search (common/decoding/search.py) with the model's cached stepper.
+    For a decoder-only model `src` is the prompt (B, P), and only the new tokens come back."""
     if beam == 1:
         return greedy_search(model.stepper, model.config, src)
     return beam_search(model.stepper, model.config, src, beam=beam)
 
 
 def translate(model: Model, task: Task, texts: list[str], *, beam: int = 1) -> list[str]:
-    """Each text in the task's source language, translated. InputError for text the task cannot
-    read (a character outside the source tokenizer, a number out of range)."""
+    """Each text in the task's source language, translated (a decoder-only model: the words it
+    continues the text's prompt with). InputError for text the task cannot read (a character
+    outside the source tokenizer, a number out of range)."""
     decoded = decode(model, task.encode_sources(texts), beam=beam)
     return [task.target.decode(tokens) for tokens in decoded.tokens]
 

@@ -11,6 +11,9 @@ Conventions (docs/PARITY.md, "Decoding"):
 - Decoding starts from BOS. A hypothesis ends at EOS, or at its row's limit of
   `source length + extra_len` new tokens (source length = non-pad source tokens; section 6.1:
   "maximum output length to input length + 50").
+- A decoder-only model continues a prompt (B, P) instead, given where the source would be: the
+  stepper prefills the cache with its first P - 1 tokens in one pass, the search feeds its last
+  token first, and every row may get extra_len new tokens.
 - Scores are sums of float64 log-softmax values of the returned logits, EOS included.
 - Beam search ranks finished hypotheses by GNMT's length-normalised score (Wu et al. 2016, Eq. 14):
   log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^alpha, with |Y| counting EOS. Beam 4, alpha 0.6.
@@ -37,7 +40,8 @@ LENGTH_PENALTY = 0.6  # section 6.1, alpha
 @runtime_checkable
 class Stepper(Protocol):
     """One batch being decoded by one model. Rows are source rows each repeated `beams` times
-    (row r decodes source r // beams). The caller feeds BOS first; at most `max_steps` steps."""
+    (row r decodes source r // beams). The caller feeds BOS first (a decoder-only model: the
+    prompt's last token, start_tokens); at most `max_steps` steps."""
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Feed tokens (N,) int64 at the next position; return that position's logits (N, V)
@@ -67,13 +71,29 @@ def check_stepper_request(
     c: TransformerConfig, src: np.ndarray, beams: int, max_steps: int
 ) -> np.ndarray:
     """The checks every DecodingModel.stepper makes first: src as validated (B, S) int64 ids,
-    beams and max_steps >= 1, and max_steps within a learned position table."""
-    src = check_ids(src, "src", c.src_vocab_size)
-    check_length(src.shape[1], "src", c)
+    beams and max_steps >= 1, and max_steps within a learned position table. For a decoder-only
+    model src is the prompt (target ids), and its P - 1 prefilled positions count too."""
+    if not c.has_decoder:
+        raise InputError("decode: an encoder-only model (num_decoder_layers 0) does not generate")
+    if c.has_encoder:
+        src = check_ids(src, "src", c.src_vocab_size)
+        check_length(src.shape[1], "src", c)
+        positions = max_steps
+    else:
+        src = check_ids(src, "prompt", c.tgt_vocab_size)
+        positions = src.shape[1] - 1 + max_steps
     if beams < 1 or max_steps < 1:
         raise InputError(f"beams and max_steps must be >= 1, got {beams} and {max_steps}")
-    check_length(max_steps, "max_steps", c)  # learned positions end at max_len
+    check_length(positions, "max_steps", c)  # learned positions end at max_len
     return src
+
+
+def start_tokens(c: TransformerConfig, src: np.ndarray, beams: int) -> np.ndarray:
+    """What a search feeds first, (B * beams,): BOS; for a decoder-only model each prompt's last
+    token (its first P - 1 are in the stepper's cache already)."""
+    if c.has_encoder:
+        return np.full(src.shape[0] * beams, c.bos_id, dtype=np.int64)
+    return np.repeat(np.asarray(src, dtype=np.int64)[:, -1], beams)
 
 
 def check_row_ids(values: np.ndarray, name: str, rows: int, high: int) -> np.ndarray:
@@ -144,7 +164,13 @@ def length_penalty(length: np.ndarray | int, alpha: float) -> np.ndarray:
 
 def row_limits(c: TransformerConfig, src: np.ndarray, extra_len: int) -> np.ndarray:
     """Per source row, the most new tokens it may get: its non-pad length + extra_len. Learned
-    positions also stop the decoder input (BOS + tokens) at max_len."""
+    positions also stop the decoder input (BOS + tokens) at max_len. A decoder-only model's rows
+    (src is the prompt) get extra_len each, within max_len positions after the prompt."""
+    if not c.has_encoder:
+        limits = np.full(src.shape[0], extra_len, dtype=np.int64)
+        if c.position_kind == "learned":
+            limits = np.minimum(limits, c.max_len - src.shape[1] + 1)
+        return np.maximum(limits, 1)
     limits = (src != c.pad_id).sum(axis=1).astype(np.int64) + extra_len
     if c.position_kind == "learned":
         limits = np.minimum(limits, c.max_len)
@@ -172,7 +198,7 @@ def greedy_search(
     limits = row_limits(c, src, extra_len)
     rows = src.shape[0]
     stepper = start(src, 1, int(limits.max()))
-    tokens = np.full(rows, c.bos_id, dtype=np.int64)
+    tokens = start_tokens(c, src, 1)
     out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
     scores = np.zeros(rows)
     lengths = np.zeros(rows, dtype=np.int64)
@@ -225,7 +251,7 @@ def beam_search(
     width = min(2 * k, vocab)  # candidates per hypothesis
     live_tokens = np.zeros((n, 0), dtype=np.int64)  # generated so far, per live hypothesis
     live_logp = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], batch)  # one start per row
-    feed = np.full(n, c.bos_id, dtype=np.int64)
+    feed = start_tokens(c, src, k)
     finished: list[list[tuple[float, float, np.ndarray, bool]]] = [[] for _ in range(batch)]
     row_done = np.zeros(batch, dtype=bool)
     for t in range(int(limits.max())):

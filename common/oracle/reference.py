@@ -126,10 +126,21 @@ def multi_head_attention(
 
 def feed_forward(w: Weights, prefix: str, x: np.ndarray, act: str) -> np.ndarray:
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU for ported models)."""
-    hidden = activation(
-        act, x @ w[f"{prefix}.intermediate.kernel"] + w[f"{prefix}.intermediate.bias"]
+    return (
+        dense(
+            activation(
+                act, dense(x, w[f"{prefix}.intermediate.kernel"]) + w[f"{prefix}.intermediate.bias"]
+            ),
+            w[f"{prefix}.output.kernel"],
+        )
+        + w[f"{prefix}.output.bias"]
     )
-    return hidden @ w[f"{prefix}.output.kernel"] + w[f"{prefix}.output.bias"]
+
+
+def dense(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """x @ kernel over the last axis, as one 2-D product: numpy's matmul of a 3-D array by a
+    matrix loops over the leading axis, about 15x slower in float64 than one BLAS call."""
+    return (x.reshape(-1, x.shape[-1]) @ kernel).reshape(*x.shape[:-1], kernel.shape[-1])
 
 
 def norm(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
@@ -151,13 +162,12 @@ def residual(
     return norm(w, norm_prefix, x + out, c) if c.norm_position == "post" else x + out
 
 
-def embed(
-    w: Weights, table: str, position_table: str, ids: np.ndarray, c: TransformerConfig
-) -> np.ndarray:
+def embed(w: Weights, stack: str, table: str, ids: np.ndarray, c: TransformerConfig) -> np.ndarray:
     """Section 3.4 and 3.5: E[ids] * sqrt(d_model) + PE[positions], positions 0..L-1.
 
     The scale (when scale_embeddings) multiplies the token embedding only: sinusoidal or learned,
-    the positions are added unscaled."""
+    the positions are added unscaled. BERT's additions, when the config has them: row 0 of the
+    segment table (every token is of type 0), then a LayerNorm over the sum."""
     x = w[table][ids]  # (B, L, d)
     if c.scale_embeddings:
         x = x * np.sqrt(c.d_model)
@@ -165,8 +175,30 @@ def embed(
     if c.position_kind == "sinusoidal":
         pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout)
     else:
-        pe = w[position_table][:length]
-    return x + pe[None]
+        pe = w[f"{stack}.position_embedding"][:length]
+    x = x + pe[None]
+    if c.type_vocab_size:
+        x = x + w[f"{stack}.token_type_embedding"][0]
+    if c.embedding_norm:
+        x = norm(w, f"{stack}.embedding_norm", x, c)
+    return x
+
+
+def pool(c: TransformerConfig, memory: np.ndarray, src: np.ndarray) -> np.ndarray | None:
+    """The encoder-only pooled vector (B, d), or None when the config does not pool. "mean": the
+    average over non-pad positions (a row with none gives zeros, not NaN); "first": position 0.
+    pooled_l2_norm then divides by the L2 norm (a zero vector stays zero)."""
+    if c.pooling == "none":
+        return None
+    if c.pooling == "first":
+        pooled = memory[:, 0]
+    else:
+        real = (src != c.pad_id)[:, :, None].astype(memory.dtype)  # (B, S, 1)
+        pooled = (memory * real).sum(axis=1) / np.maximum(real.sum(axis=1), 1.0)
+    if c.pooled_l2_norm:
+        length = np.sqrt((pooled**2).sum(axis=-1, keepdims=True))
+        pooled = pooled / np.where(length > 0.0, length, 1.0)
+    return pooled
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -183,7 +215,7 @@ def encode(
     Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
     output and each layer's output, before the final norm)."""
     mask = key_padding_mask(src, c.pad_id)
-    x = embed(w, embedding_names(c)["source"], "encoder.position_embedding", src, c)
+    x = embed(w, "encoder", embedding_names(c)["source"], src, c)
     attentions, hidden = [], [x]
     for i in range(c.num_encoder_layers):
         p = f"encoder.layers.{i}"
@@ -203,14 +235,18 @@ def encode(
 
 
 def decode(
-    w: Weights, c: TransformerConfig, tgt_in: np.ndarray, memory: np.ndarray, src: np.ndarray
+    w: Weights,
+    c: TransformerConfig,
+    tgt_in: np.ndarray,
+    memory: np.ndarray | None,
+    src: np.ndarray | None,
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Section 3.1, decoder: N layers of [masked self-attention, cross-attention over the encoder
     output, feed-forward], then the final LayerNorm when config.final_norm (either norm position).
+    A decoder-only model (memory and src None) has no cross-attention sublayer: GPT's layer.
     Returns (output (B, T, d), self probs, cross probs, hidden states)."""
     self_mask = decoder_self_mask(tgt_in, c.pad_id)
-    memory_mask = key_padding_mask(src, c.pad_id)
-    x = embed(w, embedding_names(c)["target"], "decoder.position_embedding", tgt_in, c)
+    x = embed(w, "decoder", embedding_names(c)["target"], tgt_in, c)
     self_attn, cross_attn, hidden = [], [], [x]
     for i in range(c.num_decoder_layers):
         p = f"decoder.layers.{i}"
@@ -220,18 +256,24 @@ def decode(
         )
         x = residual(w, f"{p}.self_attention_norm", x, out, c)
 
-        y = sublayer_input(w, f"{p}.cross_attention_norm", x, c)
-        out, c_probs = multi_head_attention(
-            w, f"{p}.cross_attention", y, memory, memory_mask, c.attention_bias
-        )
-        x = residual(w, f"{p}.cross_attention_norm", x, out, c)
+        if memory is not None:
+            y = sublayer_input(w, f"{p}.cross_attention_norm", x, c)
+            out, c_probs = multi_head_attention(
+                w,
+                f"{p}.cross_attention",
+                y,
+                memory,
+                key_padding_mask(src, c.pad_id),
+                c.attention_bias,
+            )
+            x = residual(w, f"{p}.cross_attention_norm", x, out, c)
+            cross_attn.append(c_probs)
 
         y = sublayer_input(w, f"{p}.feed_forward_norm", x, c)
         x = residual(
             w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c.activation), c
         )
         self_attn.append(s_probs)
-        cross_attn.append(c_probs)
         hidden.append(x)
     if c.final_norm:
         x = norm(w, "decoder.final_norm", x, c)
@@ -242,7 +284,7 @@ def output_logits(w: Weights, c: TransformerConfig, y: np.ndarray) -> np.ndarray
     """Section 3.4: the pre-softmax linear transformation, y W_out (+ b). Tied: W_out = E^T."""
     name = embedding_names(c)["output"]
     kernel = w[name].T if c.tie_output else w[name]
-    logits = y @ kernel
+    logits = dense(y, kernel)
     if c.output_bias:
         logits = logits + w["output.bias"]
     return logits
@@ -251,8 +293,8 @@ def output_logits(w: Weights, c: TransformerConfig, y: np.ndarray) -> np.ndarray
 def forward(
     weights: Weights,
     c: TransformerConfig,
-    src: np.ndarray,
-    tgt_in: np.ndarray,
+    src: np.ndarray | None,
+    tgt_in: np.ndarray | None,
     *,
     hidden_states: bool = False,
 ) -> ForwardOutput:
@@ -260,17 +302,26 @@ def forward(
     and every attention map. docs/FORMAT.md, "The computation", states it equation by equation.
 
     `src` and `tgt_in` are int arrays (B, S) and (B, T); `tgt_in` is the decoder input, i.e. the
-    target already shifted right behind BOS (common.spec.masks.shift_right).
+    target already shifted right behind BOS (common.spec.masks.shift_right). A half of the family
+    takes only its own (common.spec.inputs.check_inputs): a decoder-only model tgt_in alone, an
+    encoder-only one src alone (and returns no logits, and the pooled vector if it pools).
     """
     w = {name: np.asarray(t, dtype=np.float64) for name, t in weights.items()}
-    memory, enc_attn, enc_hidden = encode(w, c, src)
-    y, self_attn, cross_attn, dec_hidden = decode(w, c, tgt_in, memory, src)
+    memory, enc_attn, enc_hidden, pooled = None, [], [], None
+    if c.has_encoder:
+        memory, enc_attn, enc_hidden = encode(w, c, src)
+        pooled = pool(c, memory, src)
+    logits, self_attn, cross_attn, dec_hidden = None, [], [], []
+    if c.has_decoder:
+        y, self_attn, cross_attn, dec_hidden = decode(w, c, tgt_in, memory, src)
+        logits = output_logits(w, c, y)
     return ForwardOutput(
-        logits=output_logits(w, c, y),
+        logits=logits,
         encoder_output=memory,
         encoder_self_attention=enc_attn,
         decoder_self_attention=self_attn,
         cross_attention=cross_attn,
         encoder_hidden_states=enc_hidden if hidden_states else None,
         decoder_hidden_states=dec_hidden if hidden_states else None,
+        pooled_output=pooled,
     )

@@ -1,6 +1,7 @@
 """`rosetta convert`: move weights between the shared format, each framework's native checkpoint,
 and outside models (torch.nn.Transformer, Hugging Face Marian, the four tutorials' models of
-common/porting/tutorials.py, and a user's own model through a JSON map, common/porting/user_map.py).
+common/porting/tutorials.py, the decoder-only GPTs of common/porting/gpt.py, and a user's own
+model through a JSON map, common/porting/user_map.py).
 
 Every conversion reads and validates the whole source first (all problems at once), then writes
 atomically, and never overwrites the destination unless asked to. Framework files are read and
@@ -26,6 +27,7 @@ from common.porting.verify import (
     PROBE_SHAPES,
     Provenance,
     VerificationFailed,
+    difference_text,
     package_version,
     sha256_of,
     why_not_runnable,
@@ -49,9 +51,13 @@ TABLE_KINDS = (
     "tf-tutorial-v1",
     "tf-tutorial-v2",
     "keras-prenorm",
+    "mingpt",  # the decoder-only models of common/porting/gpt.py
+    "nanogpt",
+    "gpt2",
+    "seed-gpt",
     "map",  # the user's own table: --map MAP.json
 )
-IMPORT_KINDS = ("nn-transformer", "marian", *TABLE_KINDS)
+IMPORT_KINDS = ("nn-transformer", "marian", "bert", *TABLE_KINDS)
 EXPORT_KINDS = ("marian", "onnx")  # outside models that can be written
 EXPORT_ONLY_KINDS = ("onnx",)  # ... and that cannot be read
 KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
@@ -80,16 +86,18 @@ class Converted:
     parameters: int
     dtype: str
     provenance: Provenance | None = None
+    notes: tuple[str, ...] = ()  # what the importer dropped or decided (read_source's notes)
 
     def summary(self) -> str:
         lines = [
             f"converted {self.src} ({self.from_kind}) -> {self.dst} ({self.to_kind}): "
             f"{self.tensors} tensors, {self.parameters:,} parameters, {self.dtype}"
         ]
+        lines += [f"note: {note}" for note in self.notes]
         record = self.provenance.verify if self.provenance else {}
-        if "max_abs_logit_diff" in record:
+        if difference_text(record) is not None:
             lines.append(
-                f"verified: max |logit difference| {record['max_abs_logit_diff']:.2g} <= "
+                f"verified: {difference_text(record)} <= "
                 f"{record['bound']:.0e}, {' vs '.join(record['sides'])}, "
                 f"{len(record['probe_shapes'])} seeded ragged probes"
             )
@@ -120,9 +128,11 @@ def infer_source_kind(path: Path) -> str:
     kinds (a torch .pt/.bin is ours or an nn.Transformer's), from the tensor names inside."""
     if path.is_dir():
         if (path / "config.json").exists():
-            return "marian"
+            from common.porting.bert import is_bert_folder
+
+            return "bert" if is_bert_folder(path) else "marian"
         raise ConvertError(
-            f"{path}: a folder without config.json; --from marian expects a "
+            f"{path}: a folder without config.json; --from marian and --from bert expect a "
             "Hugging Face model folder"
         )
     kind = kind_from_suffix(path)
@@ -179,10 +189,12 @@ def read_source(
     *,
     table: Any = None,
     learned_positions: bool = False,
+    notes: list[str] | None = None,
 ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """(config, canonical tensors) from a source of `kind`, fully validated. `config` is a whole
     config, or (for the table kinds) the fields the user gives; `table` is the user's map for
-    kind "map"."""
+    kind "map". An importer that drops or decides something the tensors do not show (BERT's
+    pooler) says so in `notes`."""
     if kind in TABLE_KINDS:
         return _read_with_table(path, kind, config, table, learned_positions)
     if learned_positions:
@@ -205,6 +217,15 @@ def read_source(
                 "--config does not apply to a Marian folder: its config.json is read"
             )
         return found, marian.marian_to_canonical(tensors, found)
+    if kind == "bert":
+        from common.porting.bert import import_bert
+
+        found = import_bert(path)
+        if config is not None and config != found.config:
+            raise ConvertError("--config does not apply to a BERT folder: its config.json is read")
+        if notes is not None:
+            notes.extend(found.notes)
+        return found.config, found.tensors
     if config is None:
         what = {"nn-transformer": "a torch.nn.Transformer state_dict"}.get(
             kind, f"a {kind} checkpoint"
@@ -229,6 +250,7 @@ def _read_with_table(
 ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """An importer table's model: the file's arrays, the config assembled from the table, the
     shapes and the user's fields (common/porting/table.py), then the tensors."""
+    from common.porting.gpt import TABLES as GPT_TABLES
     from common.porting.sources import read_source_tensors
     from common.porting.table import assemble_config, to_canonical
     from common.porting.tutorials import TABLES
@@ -239,7 +261,7 @@ def _read_with_table(
     elif table is not None:
         raise ConvertError(f"--map applies to --from map, not to --from {kind}")
     else:
-        table = TABLES[kind]
+        table = {**TABLES, **GPT_TABLES}[kind]
     arrays = read_source_tensors(path)
     given = config.to_dict() if isinstance(config, TransformerConfig) else dict(config or {})
     shapes = {k: tuple(np.shape(v)) for k, v in arrays.items()}
@@ -341,8 +363,9 @@ def convert(
     why_not = _why_not_verified(from_kind, to_kind, onnx)
     if verify and why_not:
         raise ConvertError(f"--verify: {why_not}")
+    notes: list[str] = []
     model_config, tensors = read_source(
-        src, from_kind, config, table=table, learned_positions=learned_positions
+        src, from_kind, config, table=table, learned_positions=learned_positions, notes=notes
     )
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
     check_finite(src, tensors, allow_nonfinite)
@@ -358,6 +381,7 @@ def convert(
     check_free_space(dst.parent, sum(np.asarray(t).nbytes for t in tensors.values()), "DST")
     say = progress or (lambda _message: None)
     provenance = _provenance(src, from_kind)
+    provenance.notes = list(notes)
     made_folder = to_kind == "marian" and not dst.exists()
     if to_kind == "onnx":
         say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
@@ -382,7 +406,7 @@ def convert(
         if not provenance.passed:
             record = provenance.verify
             raise VerificationFailed(
-                f"verification failed: max |logit difference| {record['max_abs_logit_diff']:.3g} "
+                f"verification failed: {difference_text(record)} "
                 f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
                 f"{shown(dst)} was removed"
             )
@@ -401,6 +425,7 @@ def convert(
         parameter_count(model_config),
         dtype_name(first.dtype),
         provenance,
+        tuple(notes),
     )
 
 
@@ -408,7 +433,16 @@ def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"graph": "forward", "attention": False, "max_steps": None, **(onnx or {})}
 
 
+# Sources whose check is a parity test rather than --verify (which compares logits).
+VERIFIED_BY_TESTS = {
+    "gpt2": "a GPT-2 state_dict runs in transformers only with its config.json, which --from gpt2 "
+    "does not read; parity_tests/test_port_gpt.py checks the import against GPT2LMHeadModel",
+}
+
+
 def _why_not_verified(from_kind: str, to_kind: str, onnx: Mapping[str, Any] | None) -> str | None:
+    if from_kind in VERIFIED_BY_TESTS:
+        return VERIFIED_BY_TESTS[from_kind]
     graph = _onnx_options(onnx)["graph"] if to_kind == "onnx" else None
     return why_not_runnable(from_kind) or why_not_runnable(to_kind, graph)
 

@@ -33,36 +33,31 @@ Anything our spec cannot express is refused with a ConfigError that names the Ma
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.errors import BackendUnavailable, ConfigError, WeightFileError
+from common.errors import ConfigError
 from common.files.safe_read import (
-    MAX_CONFIG_BYTES,
-    FileProblem,
-    MissingFile,
     brief,
     is_int,
     json_type,
-    os_problem,
-    read_json,
-    shown,
     type_problem,
 )
-from common.porting.sources import read_safetensors
+from common.porting.hf_folder import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    model_folder,
+    name_hf_key,
+    read_config_json,
+    read_folder_weights,
+)
 from common.porting.table import Buffer, Rule, Table, from_canonical, rows, to_canonical
 from common.spec.config import TransformerConfig
 from common.spec.names import canonical_specs
-
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-TORCH_FILE = "pytorch_model.bin"
 
 # torch.nn.LayerNorm's default; every Marian LayerNorm is built without an eps argument.
 LAYER_NORM_EPS = 1e-5
@@ -167,63 +162,8 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
     runs code). Raises ConfigError for a missing or malformed config.json and WeightFileError for
     a missing folder or weight file.
     """
-    folder = Path(path)
-    try:
-        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
-    except FileNotFoundError:
-        raise WeightFileError(shown(folder), ["no such folder"]) from None
-    except (OSError, ValueError) as exc:  # a symbolic-link loop, no permission, a NUL in the name
-        problem = os_problem(exc) if isinstance(exc, OSError) else "not a valid folder name"
-        raise WeightFileError(shown(folder), [problem]) from None
-    if not is_folder:
-        raise WeightFileError(
-            shown(folder),
-            [
-                "not a folder; a Hugging Face Marian model is a folder with config.json and "
-                f"{SAFETENSORS_FILE} (or {TORCH_FILE})"
-            ],
-        )
-    hf_config = _read_config_json(folder / CONFIG_FILE)
-    safetensors_path, torch_path = folder / SAFETENSORS_FILE, folder / TORCH_FILE
-    # lexists, not is_file: a weight file that is a FIFO or a broken link is named as such by
-    # the reader (which refuses it unopened) rather than reported absent.
-    if os.path.lexists(safetensors_path):
-        return hf_config, read_safetensors(safetensors_path)
-    if os.path.lexists(torch_path):
-        return hf_config, _read_torch_bin(torch_path)
-    sharded = sorted(p.name for p in folder.glob("*.index.json"))
-    if sharded:
-        problem = f"sharded checkpoints ({', '.join(sharded)}) are not supported; save unsharded"
-    else:
-        problem = f"neither {SAFETENSORS_FILE} nor {TORCH_FILE} is in this folder"
-    raise WeightFileError(str(folder), [problem])
-
-
-def _read_config_json(path: Path) -> dict[str, Any]:
-    """config.json as a dict: a regular UTF-8 file of at most MAX_CONFIG_BYTES, depth-limited."""
-    try:
-        data = read_json(path, "a Hugging Face config.json", MAX_CONFIG_BYTES)
-    except MissingFile:
-        raise ConfigError(
-            [f"{shown(path)}: missing; a Hugging Face model folder has a config.json"]
-        ) from None
-    except FileProblem as exc:
-        raise ConfigError([str(exc)]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"{shown(path)}: must hold a JSON object, got {json_type(data)}"])
-    return data
-
-
-def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
-    from common.adapter.backends import get_backend
-
-    try:
-        backend = get_backend("torch")
-    except BackendUnavailable as exc:
-        raise WeightFileError(
-            str(path), [f"reading {TORCH_FILE} needs torch ({exc}); or save as {SAFETENSORS_FILE}"]
-        ) from None
-    return dict(backend.read_tensors(path))
+    folder = model_folder(path, "Marian")
+    return read_config_json(folder), read_folder_weights(folder)
 
 
 # -- the config ---------------------------------------------------------------------------------
@@ -385,14 +325,7 @@ def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     try:
         return TransformerConfig(**fields)
     except ConfigError as exc:  # name the Marian key behind each of our fields
-        raise ConfigError([_name_marian_key(p) for p in exc.problems]) from None
-
-
-def _name_marian_key(problem: str) -> str:
-    ours, sep, rest = problem.partition(":")
-    if sep and ours in HF_FIELD:
-        return f"{ours} (Marian {HF_FIELD[ours]}):{rest}"
-    return problem
+        raise ConfigError([name_hf_key(p, HF_FIELD, "Marian") for p in exc.problems]) from None
 
 
 # -- the tensors ---------------------------------------------------------------------------------

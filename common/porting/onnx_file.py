@@ -40,6 +40,11 @@ def export_problems(
     """What stops an export, found before any work: the graph asked for, the model's size, and
     the packages the exporter needs."""
     problems = []
+    if config.kind != "encoder_decoder":
+        problems.append(
+            f"ONNX export covers the encoder-decoder; this model is {config.kind.replace('_', '-')}"
+            " (export it as safetensors, or to a framework's native checkpoint)"
+        )
     if graph not in ONNX_GRAPHS:
         problems.append(f"--graph: unknown {graph!r}; choose from {', '.join(ONNX_GRAPHS)}")
     if attention and graph != "forward":

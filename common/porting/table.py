@@ -14,14 +14,20 @@ A table says:
   (keys that, when present, must hold the same array: a tied matrix saved under several names),
   `fallbacks` (read only when the key is absent), a `when` (config fields it applies under) and
   `absent_zeros` (a missing tensor is zeros, as transformers treats Marian's final_logits_bias).
+  A source with `{h}` is one key per head (h = 0 .. num_heads - 1: a model with one Linear per
+  head), concatenated along axis 0 into one packed array before the steps. A rule may instead be
+  `computed` from the config (a position table that the model's code computes and never stores).
 - `buffers`: stored constants that are not weights (a sinusoid table). Each is checked against
   the sinusoid of the layout the table claims, within a derived bound (`sinusoid_bound`), and
   then dropped; or, when the user asks (`learned_positions`), imported as learned positions.
   A buffer is never silently replaced.
+- `constants`: stored arrays that are not weights either (a causal-mask buffer), checked to hold
+  what the model's code puts there, then dropped.
 - the config: `fixed` fields (what the model's code fixes, each with why), `defaults` (what its
   text uses, overridable), `needs` (what the file cannot tell and the user must give), and the
-  sizes the file tells (`sizes`, `layer_counts`). `assemble_config` merges them with the user's
-  fields and refuses every contradiction by name.
+  sizes the file tells (`sizes`, `layer_counts`, and `flags`: a field that is true when a key is
+  present). `assemble_config` merges them with the user's fields and refuses every contradiction
+  by name.
 
 Nothing here imports a framework: sources arrive as {name: numpy array}.
 """
@@ -60,6 +66,7 @@ class Step:
     # A split's block is returned as it is; from_canonical stacks the blocks of one key.
     invert: Callable[[np.ndarray, TensorSpec], np.ndarray] = lambda a, spec: a
     block: tuple[int, int] | None = None  # (K, N) of a split
+    block_axis: int = 0  # the axis the blocks of a split are stacked along
 
 
 def _merged_heads(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
@@ -71,13 +78,27 @@ def _merged_heads(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
     return (math.prod(shape),)
 
 
-def _split(text: str, part: int, parts: int) -> Step:
+def _split(text: str, part: int, parts: int, axis: int = 0) -> Step:
+    """Block `part` of `parts` along `axis`: rows of a packed [3 out, in] Linear (axis 0), or
+    columns of a packed [in, 3 out] matrix (axis 1, as GPT-2's Conv1D stores c_attn)."""
+    what = "rows" if axis == 0 else "columns"
+
+    def native(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
+        if axis >= len(shape):  # columns of a vector: no source shape fits, the file's is named
+            return shape
+        return (*shape[:axis], shape[axis] * parts, *shape[axis + 1 :])
+
+    def apply(a: np.ndarray, spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
+        size = a.shape[axis] // parts
+        return np.take(a, range(part * size, (part + 1) * size), axis=axis)
+
     return Step(
         text,
-        f"rows {part + 1} of {parts} (a packed q/k/v)",
-        lambda shape, spec: (shape[0] * parts, *shape[1:]),
-        lambda a, spec, c: a[part * (a.shape[0] // parts) : (part + 1) * (a.shape[0] // parts)],
+        f"{what} {part + 1} of {parts} (a packed q/k/v)",
+        native,
+        apply,
         block=(part, parts),
+        block_axis=axis,
     )
 
 
@@ -129,9 +150,14 @@ STEPS: dict[str, Step] = {
         _zero_pad_row,
     ),
 }
-# Steps with an argument: "split:K/N" (block K of N along axis 0), "squeeze:A", "scale:F".
+# Steps with an argument: "split:K/N" (block K of N along axis 0), "columns:K/N" (along axis 1),
+# "squeeze:A", "scale:F".
 _ARGUMENT_STEPS = {
     "split": (re.compile(r"(\d+)/(\d+)"), "split:K/N (block K of N along axis 0, K from 0)"),
+    "columns": (
+        re.compile(r"(\d+)/(\d+)"),
+        "columns:K/N (block K of N along axis 1, K from 0)",
+    ),
     "squeeze": (re.compile(r"(\d+)"), "squeeze:A (drop axis A, of size 1)"),
     "scale": (re.compile(r"([-+0-9.eE]+)"), "scale:F (multiply by the number F)"),
 }
@@ -146,8 +172,8 @@ def parse_step(text: Any) -> Step:
     if name in _ARGUMENT_STEPS:
         pattern, usage = _ARGUMENT_STEPS[name]
         match = pattern.fullmatch(argument)
-        if match and name == "split" and int(match[1]) < int(match[2]):
-            return _split(text, int(match[1]), int(match[2]))
+        if match and name in ("split", "columns") and int(match[1]) < int(match[2]):
+            return _split(text, int(match[1]), int(match[2]), 0 if name == "split" else 1)
         if match and name == "squeeze":
             return _squeeze(text, int(match[1]))
         if match and name == "scale":
@@ -166,6 +192,39 @@ def describe_steps(steps: Sequence[Step]) -> str:
 
 # -- the table ----------------------------------------------------------------------------------
 
+HEADS = "{h}"  # in a source key: one key per head, concatenated along axis 0
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A canonical tensor that the model's code computes rather than stores (a position table):
+    `compute(spec, config)` gives it in float64, rounded once to the file's dtype on import."""
+
+    describe: str  # the formula, for messages and docs/PORTING.md
+    compute: Callable[[TensorSpec, TransformerConfig], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A stored array that is no weight (a causal-mask buffer): each key matching `source` (`{i}`
+    for any layer index) must pass `check`, then is dropped."""
+
+    source: str
+    holds: str  # what the model's code stores there, for messages: "the causal mask ..."
+    check: Callable[[np.ndarray], bool]
+
+
+def is_causal_mask(a: np.ndarray) -> bool:
+    """A lower-triangular matrix of ones ([..., L, L], every leading axis of size 1; bool or
+    numbers): the mask `torch.tril(torch.ones(L, L))` that GPT code registers as a buffer."""
+    a = np.asarray(a)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or math.prod(a.shape[:-2]) != 1:
+        return False
+    if a.dtype.kind not in "biuf":
+        return False
+    m = a.reshape(a.shape[-2:])
+    return bool(np.all((m == 0) | (m == 1)) and np.array_equal(m != 0, np.tri(len(m), dtype=bool)))
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -178,6 +237,7 @@ class Rule:
     fallbacks: tuple[str, ...] = ()  # read only when `source` and the copies are absent
     when: tuple[tuple[str, Any], ...] = ()  # (config field, value) pairs that must all hold
     absent_zeros: bool = False  # a missing tensor is zeros rather than a problem
+    computed: Computed | None = None  # no source: computed from the config (source "")
 
     def applies(self, c: TransformerConfig) -> bool:
         return all(getattr(c, name) == value for name, value in self.when)
@@ -209,9 +269,12 @@ class Table:
     needs: tuple[str, ...] = ()
     sizes: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # field -> (key, axis)
     layer_counts: Mapping[str, str] = field(default_factory=dict)  # field -> key with {i}
+    flags: Mapping[str, str] = field(default_factory=dict)  # field -> key: True iff present
     buffers: tuple[Buffer, ...] = ()
+    constants: tuple[Constant, ...] = ()
     optional_prefix: str = ""  # {prefix}: this when any key starts with it, else ""
-    hints: Mapping[str, str] = field(default_factory=dict)  # unexpected key -> one more line
+    # An unexpected or wrong-shaped key -> one more line, said first (another kind's file).
+    hints: Mapping[str, str] = field(default_factory=dict)
     tie_reason: str = "the table ties them"
 
 
@@ -315,10 +378,13 @@ def fixed_problems(table: Table, c: TransformerConfig) -> list[str]:
     return problems
 
 
-def file_sizes(table: Table, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """The config fields that the file's shapes tell (`sizes`, `layer_counts`)."""
+def file_sizes(table: Table, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int | bool]:
+    """The config fields that the file's shapes tell (`sizes`, `layer_counts`), and those its
+    keys tell (`flags`: true when the key is present)."""
     prefix = prefix_of(table, list(shapes))
-    found: dict[str, int] = {}
+    found: dict[str, int | bool] = {
+        name: _fill(key, None, prefix) in shapes for name, key in table.flags.items()
+    }
     for name, (key, axis) in table.sizes.items():
         shape = shapes.get(_fill(key, None, prefix))
         if name not in found and shape is not None and len(shape) > axis:
@@ -362,8 +428,9 @@ def assemble_config(
             why = table.why.get(name, f"{table.model} has {table.fixed[name]!r}")
             problems.append(f"{name}: --config says {brief(value)}, but {why}")
         elif name in told and value != told[name]:
+            what = "tensors" if name in table.flags else "shapes"
             problems.append(
-                f"{name}: --config says {brief(value)}, but the file's shapes say {told[name]}"
+                f"{name}: --config says {brief(value)}, but the file's {what} say {told[name]}"
             )
     fields_.update(told)
     fields_.update({k: v for k, v in given.items() if k not in table.fixed})
@@ -499,23 +566,26 @@ def to_canonical(
     prefix = prefix_of(table, list(arrays))
     resolved = resolve(table, c, prefix)
     buffer_keys = {_fill(b.source, None, prefix) for b in table.buffers}
+    constant_keys, constant_problems = _constants(table, arrays, prefix)
+    missing: list[str] = []
+    arrays = _gather_heads(resolved, arrays, c, missing, problems)
 
     used: dict[str, str] = {}  # canonical name -> key read
-    missing: list[str] = []
     for r in resolved:
+        if r.rule.computed is not None:
+            continue
         key = _first_present(r, arrays)
         if key is None:
             if not r.rule.absent_zeros and r.key not in missing:
                 missing.append(r.key)
             continue
         used[r.spec.name] = key
-    known = {k for r in resolved for k in r.keys} | buffer_keys
+    known = {k for r in resolved for k in r.keys} | buffer_keys | constant_keys
     unexpected = sorted(k for k in arrays if k not in known)
     if missing:
         problems.append(f"missing tensors ({len(missing)}): {listing(missing)}")
     if unexpected:
         problems.append(f"unexpected tensors ({len(unexpected)}): {listing(unexpected)}")
-        problems += [hint for key, hint in table.hints.items() if key in unexpected]
     misshaped: set[str] = set()  # a packed source is named once, not once per block
     for r in resolved:
         key = used.get(r.spec.name)
@@ -531,9 +601,13 @@ def to_canonical(
         for copy in r.copies:
             if copy != key and copy in arrays and not _same(arrays[copy], arrays[key]):
                 problems.append(f"{copy} differs from {key}, but {table.tie_reason}")
+    # The hints first: one often says what the whole file is (another kind's), and the lists
+    # may be long enough for the message's length cap to cut.
+    problems[:0] = [h for key, h in table.hints.items() if key in unexpected or key in misshaped]
     if extra_problems is not None:
         problems += extra_problems(arrays)
     problems += buffer_problems(table, arrays, c, prefix)
+    problems += constant_problems
     read = sorted(set(used.values()))
     problems += dtype_problems({k: (arrays[k].dtype.name, arrays[k].shape) for k in read})
     if problems:
@@ -542,7 +616,9 @@ def to_canonical(
     out: dict[str, np.ndarray] = {}
     dtype = arrays[read[0]].dtype if read else np.dtype(np.float32)
     for r in resolved:
-        if r.spec.name in used:
+        if r.rule.computed is not None:
+            value = r.rule.computed.compute(r.spec, c).astype(dtype)
+        elif r.spec.name in used:
             value = arrays[used[r.spec.name]]
             for step in r.steps:
                 value = step.apply(value, r.spec, c)
@@ -553,6 +629,60 @@ def to_canonical(
     return out
 
 
+def _head_keys(key: str, c: TransformerConfig) -> list[str]:
+    return [key.replace(HEADS, str(h)) for h in range(c.num_heads)]
+
+
+def _gather_heads(
+    resolved: Sequence[Resolved],
+    arrays: dict[str, np.ndarray],
+    c: TransformerConfig,
+    missing: list[str],
+    problems: list[str],
+) -> dict[str, np.ndarray]:
+    """`arrays` with each `{h}` source's per-head keys replaced by one array under the key with
+    `{h}`: the heads concatenated along axis 0, in head order (the order in which a model that
+    concatenates its heads' outputs lays them out). Absent heads go to `missing`; heads whose
+    shapes or dtypes differ to `problems`. A head at or beyond num_heads stays, as unexpected."""
+    out = dict(arrays)
+    for key in dict.fromkeys(r.key for r in resolved if HEADS in r.key):
+        parts = _head_keys(key, c)
+        present = [p for p in parts if p in out]
+        if not present:
+            continue  # the key with {h} is reported missing, once for all heads
+        if len(present) < len(parts):
+            missing += [p for p in parts if p not in out]
+        elif len({(out[p].shape, out[p].dtype) for p in parts}) > 1:
+            kinds = ", ".join(f"{list(out[p].shape)} {out[p].dtype}" for p in parts)
+            problems.append(f"{key}: the heads differ in shape or dtype ({kinds})")
+        elif out[parts[0]].ndim == 0:
+            problems.append(f"{key}: a head's tensor has no axis to concatenate along")
+        else:
+            out[key] = np.concatenate([out.pop(p) for p in parts], axis=0)
+    return out
+
+
+def _constants(
+    table: Table, arrays: Mapping[str, np.ndarray], prefix: str
+) -> tuple[set[str], list[str]]:
+    """(the keys that are the table's constants, a problem for each constant that does not hold
+    what the model's code stores there)."""
+    keys: set[str] = set()
+    problems = []
+    for constant in table.constants:
+        pattern = re.escape(_fill(constant.source, None, prefix)).replace(
+            re.escape("{i}"), r"\d{1,9}"
+        )
+        found = sorted(k for k in arrays if re.fullmatch(pattern, k))
+        keys.update(found)
+        bad = [k for k in found if not constant.check(arrays[k])]
+        if bad:
+            problems.append(
+                f"not {constant.holds}, as {table.model} stores there ({len(bad)}): {listing(bad)}"
+            )
+    return keys, problems
+
+
 def from_canonical(
     table: Table, tensors: Mapping[str, np.ndarray], c: TransformerConfig
 ) -> dict[str, np.ndarray]:
@@ -560,25 +690,33 @@ def from_canonical(
     steps inverted in reverse order. Only each rule's own key is written (not its copies or
     fallbacks: a tied matrix once, as its framework saves it), the blocks of a packed key are
     stacked in order, and buffers are left out (the reader computes them). The table's fixed
-    fields are checked first (ConfigError naming each)."""
+    fields are checked first (ConfigError naming each). Computed tensors are not written (the
+    model computes them), and a `{h}` key is written once per head."""
     problems = fixed_problems(table, c)
     if problems:
         raise ConfigError(problems)
     out: dict[str, np.ndarray] = {}
     blocks: dict[str, dict[int, np.ndarray]] = {}
     for r in resolve(table, c):
+        if r.rule.computed is not None:
+            continue
         value = np.asarray(tensors[r.spec.name])
-        block = None
+        block, axis = None, 0
         for step in reversed(r.steps):
             value = step.invert(value, r.spec)
-            block = step.block or block
-        if block is None:
-            out[r.key] = np.ascontiguousarray(value)
-        else:
+            if step.block is not None:
+                block, axis = step.block, step.block_axis
+        if block is not None:
             blocks.setdefault(r.key, {})[block[0]] = value
-            if len(blocks[r.key]) == block[1]:
-                parts = blocks.pop(r.key)
-                out[r.key] = np.ascontiguousarray(np.concatenate([parts[k] for k in sorted(parts)]))
+            if len(blocks[r.key]) < block[1]:
+                continue
+            parts = blocks.pop(r.key)
+            value = np.concatenate([parts[k] for k in sorted(parts)], axis=axis)
+        if HEADS in r.key:
+            for key, head in zip(_head_keys(r.key, c), np.split(value, c.num_heads), strict=True):
+                out[key] = np.ascontiguousarray(head)
+        else:
+            out[r.key] = np.ascontiguousarray(value)
     assert not blocks, f"packed keys with missing blocks: {sorted(blocks)}"
     return out
 
@@ -595,6 +733,11 @@ def rows(
         how = describe_steps(r.steps)
         if r.rule.absent_zeros:
             how += "; zeros when absent"
+        if HEADS in r.key:
+            how = f"one per head ({HEADS} = 0 .. h-1), concatenated along axis 0, then {how}"
+        if r.rule.computed is not None:
+            grouped["(none: computed)"] = ([r.spec.name], r.rule.computed.describe)
+            continue
         names, _ = grouped.setdefault(r.key, ([], how))
         names.append(r.spec.name)
         for copy in r.copies:
@@ -610,6 +753,9 @@ def rows(
         if buffer.learned:
             how += "; with --learned-positions, imported as " + ", ".join(buffer.learned)
         extra.append((_fill(buffer.source, None, prefix), "(none: computed)", "optional; " + how))
+    for constant in table.constants:
+        how = f"optional; checked to be {constant.holds}, then dropped"
+        extra.append((_fill(constant.source, None, prefix), "(none: not a weight)", how))
     return out + _unique(extra)
 
 

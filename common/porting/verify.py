@@ -9,7 +9,8 @@ JSON text under "provenance" (safetensors header, a Marian folder's model.safete
 ONNX metadata_props; docs/FORMAT.md), with the source file's sha256 and the versions that ran.
 
 The runtimes: our .safetensors -> the float64 oracle; torch, keras, flax checkpoints -> their own
-framework; a Marian folder -> transformers' MarianMTModel; an ONNX forward graph ->
+framework; a Marian folder -> transformers' MarianMTModel; a BERT folder -> transformers'
+BertModel (its hidden states, pooled by the spec's formula); an ONNX forward graph ->
 onnxruntime. The outside models' own code (nn.Transformer wrappers, the tutorials, a --map
 model) is the user's, not ours to run: their conversions record the provenance without a
 verification, and say why.
@@ -33,6 +34,7 @@ from common.oracle import reference
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import dtype_name
 from common.spec.inputs import ragged_batch
+from common.spec.results import ForwardOutput
 from common.spec.tolerances import atol_for
 
 PROBE_SEED = 0
@@ -40,7 +42,7 @@ PROBE_SEED = 0
 # row (ragged_batch's last row at batch >= 3), lengths clipped to the model's max_len.
 PROBE_SHAPES = ((3, 7, 5), (2, 4, 9))
 
-Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
+Logits = Callable[[np.ndarray | None, np.ndarray | None], np.ndarray]
 
 
 class VerificationFailed(Exception):
@@ -51,7 +53,7 @@ class VerificationFailed(Exception):
 class Runner:
     label: str  # what ran, with its version: "numpy float64 oracle", "torch 2.13.0 (float32)"
     dtype: str  # the precision it computes in, for the bound
-    logits: Logits
+    logits: Logits  # an encoder-only model's: its encoder_output (and pooled_output), concatenated
     versions: dict[str, str]
     full_rows_only: bool = False  # transformers' Marian attends pads where a row has no key
 
@@ -66,6 +68,7 @@ class Provenance:
     converter: str
     versions: dict[str, str] = field(default_factory=dict)
     verify: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the importer dropped or decided
 
     @property
     def passed(self) -> bool:
@@ -82,6 +85,7 @@ class Provenance:
                 "converter": self.converter,
                 "versions": self.versions,
                 "verify": self.verify,
+                **({"notes": self.notes} if self.notes else {}),
             }
         )
 
@@ -115,11 +119,12 @@ def why_not_runnable(kind: str, graph: str | None = None) -> str | None:
     if kind in NATIVE_BACKENDS:
         reason = unavailable_reason(NATIVE_BACKENDS[kind])
         return None if reason is None else f"{kind}: {reason}"
-    if kind == "marian":
+    if kind in ("marian", "bert"):
         reason = unavailable_reason("torch")
         if reason is None and importlib.util.find_spec("transformers") is None:
             reason = "transformers not installed"
-        return None if reason is None else f"a Marian folder runs in transformers: {reason}"
+        folder = "a Marian" if kind == "marian" else "a BERT"
+        return None if reason is None else f"{folder} folder runs in transformers: {reason}"
     if kind == "onnx":
         if graph not in (None, "forward"):
             return f"a lone {graph} graph computes no logits (the forward graph is verified)"
@@ -137,7 +142,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
         return Runner(
             "numpy float64 oracle",
             "float64",
-            lambda src, tgt: reference.forward(weights, config, src, tgt).logits,
+            lambda src, tgt: compared(reference.forward(weights, config, src, tgt)),
             {"numpy": np.__version__},
         )
     if kind in NATIVE_BACKENDS:
@@ -150,7 +155,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
         return Runner(
             f"{framework} ({dtype})",
             dtype,
-            lambda src, tgt: model.forward(src, tgt).logits,
+            lambda src, tgt: compared(model.forward(src, tgt)),
             dict(re.findall(r"([a-z_]+) ([0-9][^\s,/()]*)", framework)),
         )
     if kind == "marian":
@@ -163,6 +168,24 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             lambda src, tgt: torch_backend.marian_logits(model, src, tgt),
             {"transformers": version, "torch": package_version("torch")},
             full_rows_only=True,
+        )
+    if kind == "bert":
+        torch_backend = get_backend("torch")
+        model = torch_backend.load_bert(path)
+        version = package_version("transformers")
+
+        def bert_outputs(src: np.ndarray, _tgt: None) -> np.ndarray:
+            hidden = torch_backend.bert_hidden_states(model, src, config.pad_id)
+            # The pooled vector by the spec's own formula: BertModel has none of its own.
+            pooled = reference.pool(config, hidden, src)
+            return compared(ForwardOutput(None, hidden, pooled_output=pooled))
+
+        return Runner(
+            f"transformers {version} BertModel (float32)",
+            "float32",
+            bert_outputs,
+            {"transformers": version, "torch": package_version("torch")},
+            full_rows_only=True,  # an all-pad row: BertModel's additive mask attends every pad
         )
     if kind == "onnx":
         from common.adapter.onnx_backend import session
@@ -178,15 +201,43 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
     raise ValueError(f"no runner for {kind!r}")
 
 
-def probes(config: TransformerConfig, full_rows_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+def compared(out: ForwardOutput) -> np.ndarray:
+    """What verification compares: the logits; an encoder-only model's encoder output, with its
+    pooled vector when it pools (flattened and joined: one largest difference over both)."""
+    if out.logits is not None:
+        return out.logits
+    parts = [out.encoder_output] + ([] if out.pooled_output is None else [out.pooled_output])
+    return np.concatenate([np.ravel(p) for p in parts])
+
+
+def compared_names(config: TransformerConfig) -> str:
+    """The outputs `compared` joins, as the record and its readers name them."""
+    if config.has_decoder:
+        return "logits"
+    return "encoder_output" + (", pooled_output" if config.pooling != "none" else "")
+
+
+def difference_text(record: dict[str, object]) -> str | None:
+    """'max |logit difference| 1.3e-15' from a verification record, or None without one."""
+    if "max_abs_logit_diff" in record:
+        return f"max |logit difference| {record['max_abs_logit_diff']:.2g}"
+    if "max_abs_output_diff" in record:
+        return f"max |{record['compared']} difference| {record['max_abs_output_diff']:.2g}"
+    return None
+
+
+def probes(
+    config: TransformerConfig, full_rows_only: bool
+) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+    """The seeded ragged batches both sides run (a half gets None for the input it lacks)."""
     out = []
     for batch, src_len, tgt_len in PROBE_SHAPES:
         src, tgt = ragged_batch(
             config, batch, min(src_len, config.max_len), min(tgt_len, config.max_len), PROBE_SEED
         )
-        if full_rows_only:
+        if full_rows_only and src is not None:
             keep = (src != config.pad_id).any(axis=1)
-            src, tgt = src[keep], tgt[keep]
+            src, tgt = src[keep], (None if tgt is None else tgt[keep])
         out.append((src, tgt))
     return out
 
@@ -204,10 +255,16 @@ def verify(
     for src, tgt in probes(config, full_rows_only):
         diff = np.abs(np.asarray(left.logits(src, tgt), np.float64) - right.logits(src, tgt))
         worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
-        shapes.append([*src.shape, tgt.shape[1]])
+        rows = (src if src is not None else tgt).shape[0]
+        shapes.append([rows, *(None if a is None else a.shape[1] for a in (src, tgt))])
+    gap = (
+        {"max_abs_logit_diff": worst}
+        if config.has_decoder
+        else {"max_abs_output_diff": worst, "compared": compared_names(config)}
+    )
     return {
         "passed": bool(worst <= bound),
-        "max_abs_logit_diff": worst,
+        **gap,
         "bound": bound,
         "sides": [left.label, right.label],
         "probe_seed": PROBE_SEED,

@@ -31,12 +31,20 @@ NORM_POSITIONS = ("post", "pre")
 NORM_KINDS = ("layer_norm", "std_plus_eps")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITION_KINDS = ("sinusoidal", "learned")
+POOLINGS = ("none", "mean", "first")
+MODEL_KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Every size and switch of the encoder-decoder model. Frozen: a config is a value."""
+    """Every size and switch of the model. Frozen: a config is a value.
+
+    The family (docs/FORMAT.md, "The three kinds"): both stacks is the paper's encoder-decoder;
+    num_encoder_layers 0 is a decoder-only language model (GPT: causal self-attention, no
+    cross-attention); num_decoder_layers 0 is an encoder-only model (BERT: bidirectional
+    self-attention, hidden states and an optional pooled vector, no logits).
+    """
 
     # Sizes. The paper's base model shares one ~37000-token BPE vocabulary between EN and DE.
     src_vocab_size: int = 37000
@@ -47,6 +55,7 @@ class TransformerConfig:
     # TensorFlow tutorial passes key_dim=d_model). null: d_model / h, as in section 3.2.2.
     key_dim: int | None = None
     d_ff: int = 2048
+    # 0 encoder layers: decoder-only; 0 decoder layers: encoder-only (see `kind`).
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
     # Longest sequence for learned positions. Sinusoidal positions extrapolate past it (section 3.5).
@@ -75,6 +84,12 @@ class TransformerConfig:
     # "interleaved" is Eq. (5) as written: sin at even dims, cos at odd dims. "concatenated" puts
     # every sin first, then every cos (tensor2tensor, Marian), with the same frequencies.
     sinusoid_layout: str = "interleaved"
+    # BERT's segment (token type) embeddings: a [type_vocab_size, d_model] table per stack, whose
+    # row 0 is added to every token. 0 = none. The models take no segment ids: every token is of
+    # type 0, single-segment input (what sentence embedding feeds BERT).
+    type_vocab_size: int = 0
+    # A LayerNorm over the summed embeddings, before dropout (BERT's embeddings.LayerNorm).
+    embedding_norm: bool = False
 
     # Section 3.4: embeddings are multiplied by sqrt(d_model), the two embedding layers share one
     # matrix, and the pre-softmax projection is that matrix transposed.
@@ -83,6 +98,11 @@ class TransformerConfig:
     tie_output: bool = True
     output_bias: bool = False  # Marian's final_logits_bias; the paper has none.
     attention_bias: bool = True  # biases on the q/k/v/output projections of every attention
+
+    # Encoder-only: one pooled vector per sequence from the encoder output. "mean" averages the
+    # non-pad positions (sentence-transformers' mean pooling); "first" takes position 0 ([CLS]).
+    pooling: str = "none"
+    pooled_l2_norm: bool = False  # then divide it by its L2 norm (sentence-transformers' Normalize)
 
     pad_id: int = 0
     bos_id: int = 1  # may equal pad_id (Marian starts decoding from the pad token)
@@ -97,6 +117,23 @@ class TransformerConfig:
             raise ConfigError(problems)
 
     # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """ "encoder_decoder", "decoder_only" (no encoder layers) or "encoder_only" (no decoder)."""
+        if self.num_encoder_layers == 0:
+            return "decoder_only"
+        if self.num_decoder_layers == 0:
+            return "encoder_only"
+        return "encoder_decoder"
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.num_encoder_layers > 0
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.num_decoder_layers > 0
+
     @property
     def head_dim(self) -> int:
         """d_k = d_v: d_model / h (section 3.2.2), or key_dim when the config sets it."""
@@ -176,10 +213,9 @@ _INT_FIELDS = (
     "d_model",
     "num_heads",
     "d_ff",
-    "num_encoder_layers",
-    "num_decoder_layers",
     "max_len",
 )
+_COUNT_FIELDS = ("num_encoder_layers", "num_decoder_layers", "type_vocab_size")  # 0 allowed
 _ID_FIELDS = ("pad_id", "bos_id", "eos_id")
 _BOOL_FIELDS = (
     "final_norm",
@@ -188,6 +224,8 @@ _BOOL_FIELDS = (
     "tie_output",
     "output_bias",
     "attention_bias",
+    "embedding_norm",
+    "pooled_l2_norm",
 )
 _PROBABILITY_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
 _CHOICES = {
@@ -196,6 +234,7 @@ _CHOICES = {
     "activation": ACTIVATIONS,
     "position_kind": POSITION_KINDS,
     "sinusoid_layout": SINUSOID_LAYOUTS,
+    "pooling": POOLINGS,
 }
 
 
@@ -216,6 +255,10 @@ def validation_problems(c: TransformerConfig) -> list[str]:
             problems.append(f"{name}: must be an integer >= 1, got {brief(value)}")
         elif value < 1:
             problems.append(f"{name}: must be >= 1, got {value}")
+    for name in _COUNT_FIELDS:
+        value = getattr(c, name)
+        if not _is_int(value) or value < 0:
+            problems.append(f"{name}: must be an integer >= 0, got {brief(value)}")
     for name in _ID_FIELDS:
         value = getattr(c, name)
         if not _is_int(value) or value < 0:
@@ -241,6 +284,7 @@ def validation_problems(c: TransformerConfig) -> list[str]:
     if problems:  # the cross-field rules below assume well-typed fields
         return problems
 
+    problems += family_problems(c)
     if c.key_dim is None and c.d_model % c.num_heads:
         problems.append(
             f"d_model: {c.d_model} is not divisible by num_heads={c.num_heads}; "
@@ -269,29 +313,99 @@ def validation_problems(c: TransformerConfig) -> list[str]:
             )
     for name in _ID_FIELDS:
         value = getattr(c, name)
-        vocabs = [c.tgt_vocab_size] if name == "bos_id" else [c.src_vocab_size, c.tgt_vocab_size]
+        vocabs = [c.tgt_vocab_size] if name == "bos_id" else vocab_sizes(c)
         if value >= min(vocabs):
             problems.append(f"{name}: {value} is outside the vocabulary (size {min(vocabs)})")
     if c.eos_id == c.pad_id:
         problems.append(f"eos_id: must differ from pad_id (both {c.eos_id})")
-    if c.eos_id == c.bos_id:
+    # GPT-2's <|endoftext|> both starts and ends a text: a decoder-only model, which decodes from
+    # its prompt rather than from BOS, may use one id for both.
+    if c.eos_id == c.bos_id and c.has_encoder:
         problems.append(f"eos_id: must differ from bos_id (both {c.eos_id})")
     return problems
 
 
+def vocab_sizes(c: TransformerConfig) -> list[int]:
+    """The vocabularies the model reads: the source's with an encoder, the target's with a decoder
+    (an encoder-only model's bos_id still indexes tgt_vocab_size, which it otherwise ignores)."""
+    used = [
+        v
+        for v, present in ((c.src_vocab_size, c.has_encoder), (c.tgt_vocab_size, c.has_decoder))
+        if present
+    ]
+    return used or [c.src_vocab_size, c.tgt_vocab_size]  # no stack at all: refused elsewhere
+
+
+def family_problems(c: TransformerConfig) -> list[str]:
+    """The rules of the two halves (docs/FORMAT.md, "The three kinds"): what a stack that is
+    absent would have shared, tied or pooled."""
+    problems: list[str] = []
+    if not c.has_encoder and not c.has_decoder:
+        return [
+            "num_encoder_layers: both stacks have 0 layers; set num_encoder_layers 0 for a "
+            "decoder-only model or num_decoder_layers 0 for an encoder-only one, not both"
+        ]
+    if c.kind != "encoder_decoder" and c.share_embeddings:
+        problems.append(
+            f"share_embeddings: a {c.kind.replace('_', '-')} model has one embedding, nothing to "
+            "share it with; set share_embeddings to false"
+        )
+    if c.kind == "encoder_only":
+        for name in ("tie_output", "output_bias"):
+            if getattr(c, name):
+                problems.append(
+                    f"{name}: an encoder-only model has no output projection (it returns hidden "
+                    f"states); set {name} to false"
+                )
+    elif c.pooling != "none":
+        problems.append(
+            f"pooling: only an encoder-only model (num_decoder_layers 0) pools, got "
+            f"{c.pooling!r} on a {c.kind.replace('_', '-')} model; set pooling to 'none'"
+        )
+    if c.pooled_l2_norm and c.pooling == "none":
+        problems.append("pooled_l2_norm: there is no pooled vector to normalise (pooling 'none')")
+    return problems
+
+
+# Small enough that the oracle grid runs in seconds; odd sizes would hide nothing here, the
+# property tests of the parity issue draw those.
+_TINY = TransformerConfig(
+    src_vocab_size=48,
+    tgt_vocab_size=48,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    max_len=32,
+    dropout=0.0,
+)
 PRESETS: dict[str, TransformerConfig] = {
-    # Small enough that the oracle grid runs in seconds; odd sizes would hide nothing here, the
-    # property tests of the parity issue draw those.
-    "tiny": TransformerConfig(
-        src_vocab_size=48,
-        tgt_vocab_size=48,
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        max_len=32,
-        dropout=0.0,
+    "tiny": _TINY,
+    # The two halves at the tiny sizes: a GPT-style decoder-only LM (pre-norm, learned positions,
+    # tanh GELU, a final norm, tied output) and a BERT-style encoder (post-norm, learned positions,
+    # segment embeddings, an embedding LayerNorm, exact GELU, mean pooling with L2 norm).
+    "tiny_decoder_only": _TINY.replace(
+        num_encoder_layers=0,
+        norm_position="pre",
+        final_norm=True,
+        activation="gelu_tanh",
+        position_kind="learned",
+        scale_embeddings=False,
+        share_embeddings=False,
+    ),
+    "tiny_encoder_only": _TINY.replace(
+        num_decoder_layers=0,
+        activation="gelu",
+        position_kind="learned",
+        type_vocab_size=2,
+        embedding_norm=True,
+        layer_norm_eps=1e-12,
+        scale_embeddings=False,
+        share_embeddings=False,
+        tie_output=False,
+        pooling="mean",
+        pooled_l2_norm=True,
     ),
     "base": TransformerConfig(),
     # Table 3, "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3 (0.1 for EN-FR).

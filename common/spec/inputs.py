@@ -37,28 +37,52 @@ def check_length(length: int, name: str, c: TransformerConfig) -> None:
 
 
 def check_inputs(
-    c: TransformerConfig, src: np.ndarray, tgt_in: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validated (src, tgt_in) as int64 [B, S] and [B, T]."""
-    src = check_ids(src, "src", c.src_vocab_size)
-    tgt_in = check_ids(tgt_in, "tgt", c.tgt_vocab_size)
-    if src.shape[0] != tgt_in.shape[0]:
+    c: TransformerConfig, src: np.ndarray | None, tgt_in: np.ndarray | None
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Validated (src, tgt_in) as int64 [B, S] and [B, T]. A half of the family takes only its
+    own: a decoder-only model src None, an encoder-only one tgt_in None."""
+    check_halves(c, src, tgt_in)
+    if src is not None:
+        src = check_ids(src, "src", c.src_vocab_size)
+        check_length(src.shape[1], "src", c)
+    if tgt_in is not None:
+        tgt_in = check_ids(tgt_in, "tgt", c.tgt_vocab_size)
+        check_length(tgt_in.shape[1], "tgt", c)
+    if src is not None and tgt_in is not None and src.shape[0] != tgt_in.shape[0]:
         raise InputError(
             f"batch sizes differ: src has {src.shape[0]} rows, tgt has {tgt_in.shape[0]}"
         )
-    check_length(src.shape[1], "src", c)
-    check_length(tgt_in.shape[1], "tgt", c)
     return src, tgt_in
+
+
+def check_halves(c: TransformerConfig, src: object, tgt: object) -> None:
+    """InputError unless exactly the inputs of the model's kind are given: src for an encoder,
+    tgt for a decoder."""
+    for name, value, needed, stack in (
+        ("src", src, c.has_encoder, "encoder"),
+        ("tgt", tgt, c.has_decoder, "decoder"),
+    ):
+        if needed and value is None:
+            raise InputError(
+                f"{name}: the model has a{'n' * (stack == 'encoder')} {stack}; give {name}"
+            )
+        if not needed and value is not None:
+            raise InputError(
+                f"{name}: a {c.kind.replace('_', '-')} model has no {stack} and takes no {name}; "
+                "pass None"
+            )
 
 
 def ragged_batch(
     c: TransformerConfig, batch: int, src_len: int, tgt_len: int, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Deterministic (src, tgt_in) with ragged right padding, for tests and `rosetta parity`.
 
     Row 0 is full length, later rows are shorter; with batch >= 3 the last row of src is all
     padding (a query with no allowed key in encoder self-attention and in cross-attention).
     tgt_in starts with BOS. Token ids avoid pad/bos/eos, so padding is only where we put it.
+    A half of the family gets None for the input it does not take (check_inputs); the other is
+    drawn as for the encoder-decoder, so each half sees the same ids.
     """
     rng = np.random.default_rng(seed)
     special = {c.pad_id, c.bos_id, c.eos_id}
@@ -75,4 +99,17 @@ def ragged_batch(
         tgt[row, max(1, tgt_len - row * max(1, tgt_len // batch)) :] = c.pad_id
     if batch >= 3:
         src[-1, :] = c.pad_id
-    return src.astype(np.int64), tgt.astype(np.int64)
+    return (
+        src.astype(np.int64) if c.has_encoder else None,
+        tgt.astype(np.int64) if c.has_decoder else None,
+    )
+
+
+def check_trainable(c: TransformerConfig) -> None:
+    """InputError for a model with no training objective here: an encoder-only model (no
+    logits; masked-language-model pretraining is out of this project's scope)."""
+    if not c.has_decoder:
+        raise InputError(
+            "train: an encoder-only model (num_decoder_layers 0) returns hidden states, not "
+            "logits; there is no training objective for it here"
+        )

@@ -56,32 +56,64 @@ def norm_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
     ]
 
 
-def embedding_names(c: TransformerConfig) -> dict[str, str]:
+def embedding_names(c: TransformerConfig) -> dict[str, str | None]:
     """Which stored tensor each of the three vocabulary matrices reads (section 3.4 sharing).
 
     Keys: "source", "target" (embeddings, [vocab, d_model]) and "output" (the pre-softmax
     projection, stored as a kernel [d_model, vocab] unless tied, when it is an embedding read
-    transposed). A tied tensor is stored once, under the first name here that uses it.
+    transposed). A tied tensor is stored once, under the first name here that uses it. A half
+    of the family has None for what it lacks: a decoder-only model has no source, an
+    encoder-only one no target and no output.
     """
     source = "shared_embedding" if c.share_embeddings else "encoder.embedding"
     target = "shared_embedding" if c.share_embeddings else "decoder.embedding"
     output = target if c.tie_output else "output.kernel"
-    return {"source": source, "target": target, "output": output}
+    return {
+        "source": source if c.has_encoder else None,
+        "target": target if c.has_decoder else None,
+        "output": output if c.has_decoder else None,
+    }
+
+
+def stack_names(c: TransformerConfig) -> list[str]:
+    """The stacks a model of config `c` has, in order: "encoder", "decoder" or both."""
+    return [s for s, present in (("encoder", c.has_encoder), ("decoder", c.has_decoder)) if present]
+
+
+def embedding_specs(stack: str, c: TransformerConfig) -> list[TensorSpec]:
+    """What one stack adds to its token embedding (sections 3.4, 3.5; BERT's embeddings): the
+    learned position table, the segment table and the embedding LayerNorm, when the config has
+    them."""
+    d = c.d_model
+    specs = []
+    if c.position_kind == "learned":
+        specs.append(TensorSpec(f"{stack}.position_embedding", (c.max_len, d), "embedding"))
+    if c.type_vocab_size:
+        specs.append(
+            TensorSpec(f"{stack}.token_type_embedding", (c.type_vocab_size, d), "embedding")
+        )
+    if c.embedding_norm:
+        specs += norm_specs(f"{stack}.embedding_norm", c)
+    return specs
 
 
 def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
     """Every tensor of a model with config `c`, in a fixed order (embeddings, encoder, decoder,
     output): the order of docs/FORMAT.md's table and of what load_weights returns. A file's
-    own order is safetensors' (by name; docs/FORMAT.md, "Order inside the file")."""
+    own order is safetensors' (by name; docs/FORMAT.md, "Order inside the file").
+
+    The halves drop what they lack: a decoder-only model every encoder.* tensor and the
+    cross-attention of each decoder layer; an encoder-only one every decoder.* and output.*
+    tensor."""
     d = c.d_model
     emb = embedding_names(c)
     specs: list[TensorSpec] = []
-    specs.append(TensorSpec(emb["source"], (c.src_vocab_size, d), "embedding"))
-    if not c.share_embeddings:
+    if emb["source"] is not None:
+        specs.append(TensorSpec(emb["source"], (c.src_vocab_size, d), "embedding"))
+    if emb["target"] is not None and emb["target"] != emb["source"]:
         specs.append(TensorSpec(emb["target"], (c.tgt_vocab_size, d), "embedding"))
-    if c.position_kind == "learned":
-        specs.append(TensorSpec("encoder.position_embedding", (c.max_len, d), "embedding"))
-        specs.append(TensorSpec("decoder.position_embedding", (c.max_len, d), "embedding"))
+    for stack in stack_names(c):
+        specs += embedding_specs(stack, c)
 
     for i in range(c.num_encoder_layers):
         p = f"encoder.layers.{i}"
@@ -89,21 +121,22 @@ def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
         specs += norm_specs(f"{p}.self_attention_norm", c)
         specs += feed_forward_specs(f"{p}.feed_forward", c)
         specs += norm_specs(f"{p}.feed_forward_norm", c)
-    if c.final_norm:
+    if c.final_norm and c.has_encoder:
         specs += norm_specs("encoder.final_norm", c)
 
     for i in range(c.num_decoder_layers):
         p = f"decoder.layers.{i}"
         specs += attention_specs(f"{p}.self_attention", c)
         specs += norm_specs(f"{p}.self_attention_norm", c)
-        specs += attention_specs(f"{p}.cross_attention", c)
-        specs += norm_specs(f"{p}.cross_attention_norm", c)
+        if c.has_encoder:
+            specs += attention_specs(f"{p}.cross_attention", c)
+            specs += norm_specs(f"{p}.cross_attention_norm", c)
         specs += feed_forward_specs(f"{p}.feed_forward", c)
         specs += norm_specs(f"{p}.feed_forward_norm", c)
-    if c.final_norm:
+    if c.final_norm and c.has_decoder:
         specs += norm_specs("decoder.final_norm", c)
 
-    if not c.tie_output:
+    if c.has_decoder and not c.tie_output:
         v = c.tgt_vocab_size
         specs.append(TensorSpec("output.kernel", (d, v), "kernel", d, v))
     if c.output_bias:

@@ -22,12 +22,21 @@ ATTENTION_OUTPUTS = (
 )
 
 
+def attention_layers(c: TransformerConfig, field: str) -> int:
+    """How many maps one ATTENTION_OUTPUTS group has: a decoder-only model's decoder layers have
+    no cross-attention."""
+    if field == "cross_attention" and not c.has_encoder:
+        return 0
+    layers = next(count for _, f, count in ATTENTION_OUTPUTS if f == field)
+    return getattr(c, layers)
+
+
 def attention_output_names(c: TransformerConfig) -> list[str]:
     """Every attention map's canonical output name for config `c`, in output order."""
     return [
         pattern.format(i)
-        for pattern, _, layers in ATTENTION_OUTPUTS
-        for i in range(getattr(c, layers))
+        for pattern, field, _ in ATTENTION_OUTPUTS
+        for i in range(attention_layers(c, field))
     ]
 
 
@@ -39,19 +48,30 @@ class ForwardOutput:
     Attentions are post-softmax, pre-dropout probabilities [B, h, query, key], one per layer;
     None when they were not requested. Hidden states are the embedding output followed by every
     layer's output (before any final norm), [B, L, d_model] each.
+
+    The halves (docs/FORMAT.md, "The three kinds"): a decoder-only model has no encoder_output
+    (None) and empty encoder and cross-attention lists; an encoder-only one has no logits (None),
+    empty decoder lists, and pooled_output when its config pools.
     """
 
-    logits: np.ndarray  # (B, T, V)
-    encoder_output: np.ndarray  # (B, S, d), after the final norm if the config has one
+    logits: np.ndarray | None  # (B, T, V)
+    encoder_output: np.ndarray | None  # (B, S, d), after the final norm if the config has one
     encoder_self_attention: list[np.ndarray] | None = None
     decoder_self_attention: list[np.ndarray] | None = None
     cross_attention: list[np.ndarray] | None = None
     encoder_hidden_states: list[np.ndarray] | None = None
     decoder_hidden_states: list[np.ndarray] | None = None
+    pooled_output: np.ndarray | None = None  # (B, d): encoder-only, config.pooling
 
     def named(self) -> dict[str, np.ndarray]:
-        """Every array under its canonical output name (see docs/PARITY.md)."""
-        out = {"logits": self.logits, "encoder_output": self.encoder_output}
+        """Every array under its canonical output name (see docs/PARITY.md); what the model's
+        kind lacks is left out."""
+        whole = {
+            "logits": self.logits,
+            "encoder_output": self.encoder_output,
+            "pooled_output": self.pooled_output,
+        }
+        out = {name: a for name, a in whole.items() if a is not None}
         groups = [
             *((pattern, getattr(self, field)) for pattern, field, _ in ATTENTION_OUTPUTS),
             ("encoder.hidden_states.{}", self.encoder_hidden_states),

@@ -2,7 +2,9 @@
 
 For each config below it writes NAME.safetensors (float64 weights in the shared format, config in
 the metadata) and NAME.npz (inputs `src`, `tgt_in` and the oracle's float64 outputs under their
-canonical output names: logits, encoder_output, encoder.layers.{i}.self_attention, ...).
+canonical output names: logits, encoder_output, encoder.layers.{i}.self_attention, ...). A half
+of the family stores only the input it takes and the outputs it has (docs/FORMAT.md, "The three
+kinds").
 An implementation in any framework can check itself against these files alone: load the weights,
 run the inputs, compare (docs/PARITY.md). The npz holds no objects: load it with allow_pickle=False.
 """
@@ -80,10 +82,43 @@ VECTOR_CONFIGS: dict[str, TransformerConfig] = {
             "output_bias": True,
         }
     ),
+    # The two halves (docs/FORMAT.md, "The three kinds"). A GPT: decoder-only, pre-norm with a
+    # final norm, tanh GELU, learned positions, the output tied to its embedding, eps 1e-5.
+    "gpt_decoder_only": TransformerConfig(
+        **{
+            **_TINY,
+            "num_encoder_layers": 0,
+            "norm_position": "pre",
+            "final_norm": True,
+            "activation": "gelu_tanh",
+            "position_kind": "learned",
+            "scale_embeddings": False,
+            "share_embeddings": False,
+            "layer_norm_eps": 1e-5,
+        }
+    ),
+    # A BERT: encoder-only, post-norm, exact GELU, learned positions, segment embeddings and the
+    # embedding LayerNorm, eps 1e-12, mean pooling with the L2 norm (all-MiniLM-L6-v2's head).
+    "bert_encoder_only": TransformerConfig(
+        **{
+            **_TINY,
+            "num_decoder_layers": 0,
+            "activation": "gelu",
+            "position_kind": "learned",
+            "type_vocab_size": 2,
+            "embedding_norm": True,
+            "layer_norm_eps": 1e-12,
+            "scale_embeddings": False,
+            "share_embeddings": False,
+            "tie_output": False,
+            "pooling": "mean",
+            "pooled_l2_norm": True,
+        }
+    ),
 }
 
 
-def vector_inputs(c: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
+def vector_inputs(c: TransformerConfig) -> tuple[np.ndarray | None, np.ndarray | None]:
     return ragged_batch(c, batch=3, src_len=7, tgt_len=6, seed=11)
 
 
@@ -94,7 +129,8 @@ def write_vectors(folder: Path = HERE) -> list[Path]:
         src, tgt_in = vector_inputs(config)
         out = reference.forward(weights, config, src, tgt_in)
         save_weights(folder / f"{name}.safetensors", weights, config, producer="common.reference")
-        arrays = {"src": src, "tgt_in": tgt_in, **out.named()}
+        inputs = {k: a for k, a in (("src", src), ("tgt_in", tgt_in)) if a is not None}
+        arrays = {**inputs, **out.named()}
         atomic_write(folder / f"{name}.npz", lambda tmp, a=arrays: _savez(tmp, a))
         written += [folder / f"{name}.safetensors", folder / f"{name}.npz"]
     return written

@@ -176,13 +176,60 @@ def load_ids(path: str, name: str) -> np.ndarray:
     return read_ids(path, name)
 
 
-def load_inputs(path: str) -> tuple[np.ndarray, np.ndarray]:
+# The model's two inputs, each with the stack that reads it (a half of the family has one).
+INPUTS = (("src", "encoder"), ("tgt", "decoder"))
+
+
+def kind_name(config: TransformerConfig) -> str:
+    """The model's kind as the messages write it: "encoder-decoder", "decoder-only", ..."""
+    return config.kind.replace("_", "-")
+
+
+def a_model_of_kind(config: TransformerConfig) -> str:
+    """ "a decoder-only model", "an encoder-only model", "an encoder-decoder model"."""
+    name = kind_name(config)
+    return f"{'an' if name.startswith('e') else 'a'} {name} model"
+
+
+def refuse_absent_half(
+    config: TransformerConfig, given: dict[str, bool], option: str, instead: str
+) -> None:
+    """A one-line UsageError when an input of the half the model lacks is given. `given` maps
+    "src"/"tgt" to whether it was; in `option` "{key}" stands for that input and in `instead`
+    "{other}" for the one the model takes: ("--{key}", "give --{other} only")."""
+    for key, stack in INPUTS:
+        if given.get(key) and not getattr(config, f"has_{stack}"):
+            other = next(k for k, _ in INPUTS if k != key)
+            name = option.replace("{key}", key)
+            instead = instead.replace("{other}", other)  # not format(): a path may hold braces
+            raise UsageError(
+                f"{name}: {a_model_of_kind(config)} has no {stack} and takes no {key}; {instead}"
+            )
+
+
+def load_inputs(
+    path: str, config: TransformerConfig | None = None
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS),
-    each member's header checked before it is read (common.files.safe_read)."""
+    each member's header checked before it is read (common.files.safe_read). A half of the family
+    reads only its own key, and a file that holds the other is refused, so that an array the
+    model would ignore cannot pass for compared; the absent one is None. No config: both keys,
+    as an encoder-decoder reads them."""
+    import zipfile
+
     from common.files.safe_read import read_ids_npz
 
-    src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
-    return src, tgt
+    if config is None:
+        src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
+        return src, tgt
+    keys = tuple(key for key, stack in INPUTS if getattr(config, f"has_{stack}"))
+    # First: read_ids_npz checks that the path is a regular file and names any problem.
+    arrays = dict(zip(keys, read_ids_npz(path, "--inputs", keys), strict=True))
+    with zipfile.ZipFile(path) as archive:
+        held = {name.removesuffix(".npy") for name in archive.namelist()}
+    held_by = {key: key in held for key, _ in INPUTS}
+    refuse_absent_half(config, held_by, "--inputs", shown(path) + " holds one: save only {other}")
+    return arrays.get("src"), arrays.get("tgt")
 
 
 DEVICE_HELP = (

@@ -27,6 +27,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.vocab is not None:
         config = config.replace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
     config = config.replace(dropout=0.0, attention_dropout=0.0)  # eval mode
+    if config.kind != "encoder_decoder":  # each peer (nn.Transformer, ...) is an encoder-decoder
+        raise UsageError(
+            f"bench: times the encoder-decoder against each framework's own; this model is "
+            f"{config.kind.replace('_', '-')}, which has no peer here"
+        )
     if args.frameworks is not None and set(args.frameworks) <= {"numpy"}:
         raise UsageError("--frameworks: bench times torch, tf and jax; the oracle has no peer")
     frameworks = [f for f in (args.frameworks or BENCH_FRAMEWORKS) if f != "numpy"]

@@ -59,6 +59,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
                     "tensors": done.tensors,
                     "parameters": done.parameters,
                     "dtype": done.dtype,
+                    "notes": list(done.notes),
                     "config": done.config.to_dict(),
                     "provenance": json.loads(done.provenance.to_json())
                     if done.provenance
@@ -83,12 +84,18 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "state_dict, .pt/.bin), keras (our .weights.h5), flax (our .msgpack), and, as sources "
             "only: nn-transformer (a torch.nn.Transformer state_dict with the user's embeddings "
             "and output Linear), marian (a Hugging Face MarianMTModel folder; also written, with --to "
-            "marian: a folder that transformers loads), onnx (written only: an ONNX graph, as "
+            "marian: a folder that transformers loads), bert (a Hugging Face BERT folder, encoder only, "
+            "with a sentence-transformers pooling when it has one; the pooler is dropped, and "
+            "said so), onnx (written only: an ONNX graph, as "
             "`rosetta export` writes), annotated (the "
             "Annotated Transformer's state_dict), pytorch-tutorial (the PyTorch translation "
             "tutorial's Seq2SeqTransformer), tf-tutorial-v1 and tf-tutorial-v2 (the older and the "
             "current TensorFlow Transformer tutorial, .weights.h5), keras-prenorm (the Keras "
-            "pre-norm Transformer in TF1 style, .weights.h5), and map (your own model, named by "
+            "pre-norm Transformer in TF1 style, .weights.h5), mingpt and nanogpt (Karpathy's "
+            "minGPT and nanoGPT state_dicts, decoder-only), gpt2 (a Hugging Face GPT2LMHeadModel "
+            "or GPT2Model, model.safetensors or a state_dict), seed-gpt (the seed text's GPT: an "
+            "encoder stack run causally, its positions computed from its own formula), and map "
+            "(your own model, named by "
             "--map MAP.json; docs/PORTING.md). Kinds are inferred from the names (and a .pt's or "
             ".h5's tensor names) where that is unambiguous. For an outside model, --config gives "
             "what the file cannot tell (num_heads, the special ids); the sizes are read from the "
@@ -103,14 +110,17 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "  rosetta convert my_nn_transformer.pt model.safetensors --from nn-transformer --config c.json\n"
             "  rosetta convert ./opus-mt-folder model.safetensors\n"
             "  rosetta convert model.safetensors ./my-marian-folder --to marian\n"
+            "  rosetta convert ./all-MiniLM-L6-v2 minilm.safetensors --from bert\n"
             "  rosetta convert model.safetensors model.onnx   # or: rosetta export\n"
             "  rosetta convert annotated.pt model.safetensors --config heads.json   "
             '# heads.json: {"num_heads": 8}\n'
-            "  rosetta convert mine.pt model.safetensors --map mine.map.json --config heads.json"
+            "  rosetta convert mine.pt model.safetensors --map mine.map.json --config heads.json\n"
+            "  rosetta convert gpt.pt gpt.safetensors --from mingpt --config ids.json   "
+            '# ids.json: {"num_heads": 6, "pad_id": 0, "bos_id": 1, "eos_id": 2}'
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("src", help="the file (or Marian folder) to read")
+    p.add_argument("src", help="the file (or Marian or BERT folder) to read")
     p.add_argument("dst", help="the file (or, with --to marian, the folder) to write")
     p.add_argument("--from", dest="from_kind", choices=list(KINDS), help="the source kind")
     p.add_argument(

@@ -7,6 +7,7 @@ run_demo_command reads as the list of its stages; each stage is a function below
 from __future__ import annotations
 
 import argparse
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,18 @@ from common.adapter.backends import Model, get_backend, unavailable_reason
 from common.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
+    UsageError,
     add_device_argument,
     positive_int,
     seed_int,
 )
-from common.app.cli.task_models import TRAINABLE, build, check_beam, run_training
+from common.app.cli.task_models import (
+    TRAINABLE,
+    build,
+    check_beam,
+    run_training,
+    tasks_epilog,
+)
 from common.app.plots import PNG_BYTES_BOUND
 from common.app.resources import weights_bytes
 from common.app.tasks import TASKS, Task, get_task
@@ -36,6 +44,11 @@ if TYPE_CHECKING:
     from common.app.parity import ParityReport
 
 DEMO_INPUTS = ("7", "13", "80", "105", "2026", "40213", "115000", "999999")
+# The rest of the family, named once at the end of the demo and in its help.
+FAMILY_LINE = (
+    "the same spec also runs decoder-only models (rosetta train --task numbers-lm) and "
+    "encoder-only ones (rosetta convert DIR OUT.safetensors --from bert, e.g. all-MiniLM-L6-v2)"
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,12 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
     """Every check before training (minutes of it): the folder and its files, the example, the
     beam, and the framework to train in."""
     task = get_task(args.task)
+    if task.config().kind != "encoder_decoder":  # its cross-attention is what stage 5 draws
+        raise UsageError(
+            f"--task {task.name}: the demo follows an encoder-decoder and draws its "
+            f"cross-attention; {task.name} trains a decoder-only model, which has none: run "
+            f"rosetta train --task {task.name}"
+        )
     folder = Path(args.out)
     names = demo_file_names(task)
     needed = weights_bytes(task.config(), 4) + 2 * PNG_BYTES_BOUND  # weights and two PNGs
@@ -291,22 +310,28 @@ def print_demo_files(
         f"   try: rosetta translate --framework {plan.others[0] if plan.others else args.framework} "
         f"--weights {weights_path} --beam 4 {args.example}"
     )
+    print(f"   {FAMILY_LINE}")
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="train a tiny model in one framework, then decode it identically in all three",
-        description=(
+        description=textwrap.fill(
             "The whole life of one model: train it on a generated task in one framework (about a "
             "minute on 2 CPU cores), report its test accuracy, export it to the shared format, "
             "load it into the other two frameworks, show that all three translate alike (greedy "
             "and beam search, with their own key/value caches), print the parity table, and "
-            "write the loss curve and a cross-attention heatmap."
+            "write the loss curve and a cross-attention heatmap. The demo's model is an "
+            f"encoder-decoder; {FAMILY_LINE}.",
+            width=79,
         ),
+        epilog=tasks_epilog(("encoder_decoder",)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", choices=TRAINABLE, default="torch", help="where to train")
-    p.add_argument("--task", default="numbers", help=f"one of: {', '.join(TASKS)}")
+    demo_tasks = [n for n, t in TASKS.items() if t.config().kind == "encoder_decoder"]
+    p.add_argument("--task", default="numbers", help=f"one of: {', '.join(demo_tasks)}")
     p.add_argument("--steps", type=positive_int, default=None, help="default: the task's")
     p.add_argument("--beam", type=positive_int, default=4, help="beam size to show (default 4)")
     p.add_argument("--example", default="40213", help="the input whose attention is drawn")

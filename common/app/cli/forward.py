@@ -1,5 +1,7 @@
 """`rosetta forward`: one framework on your ids; its logits, encoder output and attention maps
-written to one .npz under the canonical names."""
+written to one .npz under the canonical names. A half of the family takes one of the two inputs
+and writes what it has: a decoder-only model no encoder output, an encoder-only one no logits
+but its pooled output when it pools."""
 
 from __future__ import annotations
 
@@ -12,14 +14,18 @@ from common.adapter.backends import FRAMEWORKS, get_backend
 from common.app.cli.args import (
     EXIT_OK,
     UsageError,
+    a_model_of_kind,
     add_device_argument,
     add_precision_argument,
     config_and_weights,
     device_for,
     load_ids,
+    refuse_absent_half,
 )
+from common.app.parity import batch_size
 from common.app.resources import check_forward_fits
 from common.files.outputs import atomic_write, check_output_file
+from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
 
 
@@ -27,10 +33,10 @@ def run_forward_command(args: argparse.Namespace) -> int:
     out_path = check_output_file(
         args.out, force=args.force, suffix=".npz", inputs=(args.weights, args.src, args.tgt)
     )
-    raw_src, raw_tgt = load_ids(args.src, "--src"), load_ids(args.tgt, "--tgt")
     config, weights, _ = config_and_weights(args, default_preset=None)
-    src, tgt_in = check_inputs(config, raw_src, raw_tgt)
-    check_forward_fits(config, src.shape[0], src.shape[1], tgt_in.shape[1], 1, "this forward pass")
+    src, tgt_in = check_inputs(config, *forward_inputs(args, config))
+    lengths = (0 if ids is None else ids.shape[1] for ids in (src, tgt_in))  # 0: no such input
+    check_forward_fits(config, batch_size(src, tgt_in), *lengths, 1, "this forward pass")
     backend = get_backend(args.framework)
     args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
     if args.dtype not in backend.dtypes:
@@ -49,6 +55,7 @@ def run_forward_command(args: argparse.Namespace) -> int:
 
     atomic_write(out_path, write, size=sum(a.nbytes for a in arrays.values()))
     summary = {
+        "kind": config.kind,
         "framework": backend.version(),
         "device": device,
         "dtype": args.dtype,
@@ -66,6 +73,28 @@ def run_forward_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def forward_inputs(
+    args: argparse.Namespace, config: TransformerConfig
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The ids of --src and --tgt as the model's kind takes them: both for an encoder-decoder,
+    --tgt only for a decoder-only model, --src only for an encoder-only one; one line naming the
+    option otherwise."""
+    given = {"src": args.src is not None, "tgt": args.tgt is not None}
+    refuse_absent_half(config, given, "--{key}", "give --{other} only")
+    for key, stack, what in (
+        ("src", "encoder", "source ids"),
+        ("tgt", "decoder", "decoder input ids"),
+    ):
+        if getattr(config, f"has_{stack}") and getattr(args, key) is None:
+            raise UsageError(
+                f"--{key}: {a_model_of_kind(config)} reads {what}; give --{key} {key.upper()}.npy"
+            )
+    return (
+        None if args.src is None else load_ids(args.src, "--src"),
+        None if args.tgt is None else load_ids(args.tgt, "--tgt"),
+    )
+
+
 def add_forward(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "forward",
@@ -73,22 +102,29 @@ def add_forward(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run one framework (or the numpy oracle) on token ids you give, and write the logits, "
             "the encoder output and every attention map to one .npz under the canonical names of "
-            "docs/PARITY.md, to compare our numbers with an implementation of your own."
+            "docs/PARITY.md, to compare our numbers with an implementation of your own. A "
+            "decoder-only model takes --tgt only (and has no encoder output); an encoder-only "
+            "model takes --src only (and writes no logits, but its pooled_output when it pools)."
         ),
-        epilog="example:\n  rosetta forward --framework torch --weights m.safetensors --src src.npy "
-        "--tgt tgt.npy --out out.npz",
+        epilog="examples:\n  rosetta forward --framework torch --weights m.safetensors --src src.npy "
+        "--tgt tgt.npy --out out.npz\n"
+        "  rosetta forward --framework jax --weights gpt.safetensors --tgt tgt.npy --out out.npz\n"
+        "  rosetta forward --framework tf --weights minilm.safetensors --src src.npy --out out.npz",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", required=True, choices=list(FRAMEWORKS))
     p.add_argument(
         "--weights", required=True, metavar="FILE.safetensors", help="weights in the shared format"
     )
-    p.add_argument("--src", required=True, metavar="SRC.npy", help="source ids, integer [batch, S]")
+    p.add_argument(
+        "--src",
+        metavar="SRC.npy",
+        help="source ids, integer [batch, S] (a model with an encoder)",
+    )
     p.add_argument(
         "--tgt",
-        required=True,
         metavar="TGT.npy",
-        help="decoder input ids, integer [batch, T], starting with BOS",
+        help="decoder input ids, integer [batch, T], starting with BOS (a model with a decoder)",
     )
     p.add_argument(
         "--dtype",

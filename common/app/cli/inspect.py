@@ -1,4 +1,6 @@
-"""`rosetta inspect`: a weight file's or a preset's config, tensors and parameter count."""
+"""`rosetta inspect`: a weight file's or a preset's config, tensors and parameter count, and
+what kind of model it is (encoder-decoder, decoder-only, encoder-only: docs/FORMAT.md, "The three
+kinds")."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from common.app.cli.args import EXIT_OK, UsageError, warn
 from common.files.outputs import shown
+from common.porting.verify import difference_text
 from common.spec.config import PRESETS, TransformerConfig, preset
 from common.spec.names import canonical_specs, embedding_names, parameter_count
 from common.weights.format import (
@@ -45,10 +48,15 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         ]
         nonfinite = {}
     emb = embedding_names(config)
-    tied = {role: name for role, name in emb.items() if list(emb.values()).count(name) > 1}
+    tied = {
+        role: name
+        for role, name in emb.items()
+        if name is not None and list(emb.values()).count(name) > 1  # None: a half lacks it
+    }
     return {
         "source": source,
         "producer": producer,
+        "model": model_summary(config),
         "config": config.to_dict(),
         "tensors": tensors,
         "tensor_count": len(tensors),
@@ -95,6 +103,7 @@ def onnx_report(path: str) -> dict[str, Any]:
     return {
         "source": path,
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "model": model_summary(config),
         "config": config.to_dict(),
         "onnx": {
             "graph": labels.get("graph"),
@@ -111,6 +120,99 @@ def onnx_report(path: str) -> dict[str, Any]:
         "nonfinite": {},
         "provenance": json.loads(labels["provenance"]) if "provenance" in labels else None,
     }
+
+
+KIND_LABELS = {
+    "encoder_decoder": "encoder-decoder",
+    "decoder_only": "decoder-only (GPT-style)",
+    "encoder_only": "encoder-only (BERT-style)",
+}
+
+# The config fields a half of the family reads nothing from (family_problems keeps the flags
+# false); inspect marks them, so that a converted model's table does not suggest otherwise.
+UNUSED_FIELDS = {
+    "encoder_decoder": {},
+    "decoder_only": {
+        "src_vocab_size": "no encoder",
+        "share_embeddings": "one embedding",
+        "pooling": "only an encoder-only model pools",
+        "pooled_l2_norm": "only an encoder-only model pools",
+    },
+    "encoder_only": {
+        "tgt_vocab_size": "no decoder",
+        "share_embeddings": "one embedding",
+        "tie_output": "no output projection",
+        "output_bias": "no output projection",
+        "bos_id": "does not decode",
+        "eos_id": "does not decode",
+        "label_smoothing": "does not train",
+    },
+}
+
+
+def model_summary(c: TransformerConfig) -> dict[str, Any]:
+    """The model's kind in words: its stacks and their layers, the embedding and pooling options
+    that are set, what its outputs are, what a half lacks and which config fields it ignores."""
+    stacks = {}
+    if c.has_encoder:
+        stacks["encoder"] = f"{c.num_encoder_layers} layers, bidirectional self-attention"
+    if c.has_decoder:
+        cross = "cross-attention to the encoder" if c.has_encoder else "no cross-attention"
+        stacks["decoder"] = f"{c.num_decoder_layers} layers, causal self-attention, {cross}"
+    positions = (
+        f"learned positions (max_len {c.max_len})"
+        if c.position_kind == "learned"
+        else f"sinusoidal positions ({c.sinusoid_layout})"
+    )
+    sizes = (
+        f"d_model {c.d_model}, {c.num_heads} heads (d_k {c.head_dim}), d_ff {c.d_ff}, "
+        f"{c.activation}, {c.norm_position}-norm, {positions}"
+    )
+    options = []
+    if c.type_vocab_size:
+        options.append(
+            f"token type embeddings ({c.type_vocab_size} types; row 0 is added to every token)"
+        )
+    if c.embedding_norm:
+        options.append(f"embedding LayerNorm (eps {c.layer_norm_eps:g})")
+    if c.pooling != "none":
+        how = {"mean": "mean over non-pad positions", "first": "the first position"}[c.pooling]
+        options.append(f"pooling: {how}" + (", then L2-normalised" if c.pooled_l2_norm else ""))
+    outputs = []
+    if c.has_decoder:
+        outputs.append(f"logits [batch, T, {c.tgt_vocab_size}]")
+    if c.has_encoder:
+        outputs.append(f"encoder_output [batch, S, {c.d_model}]")
+    if c.pooling != "none":
+        outputs.append(f"pooled_output [batch, {c.d_model}]")
+    absent = {
+        "encoder_decoder": [],
+        "decoder_only": ["encoder", "cross-attention", "encoder output"],
+        "encoder_only": ["decoder", "cross-attention", "output projection (no logits)", "decoding"],
+    }[c.kind]
+    return {
+        "kind": c.kind,
+        "label": KIND_LABELS[c.kind],
+        "stacks": stacks,
+        "sizes": sizes,
+        "options": options,
+        "outputs": outputs,
+        "absent": absent,
+        "unused_fields": list(UNUSED_FIELDS[c.kind]),
+    }
+
+
+def print_model_summary(summary: dict[str, Any]) -> None:
+    """The kind line, then one line each for the stacks, options, outputs and what is absent."""
+    print(f"kind: {summary['label']}")
+    for stack, what in summary["stacks"].items():
+        print(f"  {stack}: {what}")
+    print(f"  {summary['sizes']}")
+    for option in summary["options"]:
+        print(f"  {option}")
+    print(f"  outputs: {', '.join(summary['outputs'])}")
+    if summary["absent"]:
+        print(f"  absent: {', '.join(summary['absent'])}")
 
 
 def asked_config(args: argparse.Namespace) -> tuple[TransformerConfig, str]:
@@ -136,9 +238,12 @@ def print_inspect(report: dict[str, Any]) -> None:
     print(f"source: {report['source']}")
     if report["producer"]:
         print(f"producer: {report['producer']}")
+    print_model_summary(report["model"])
     print("config:")
+    unused = UNUSED_FIELDS[report["model"]["kind"]]
     for key, value in report["config"].items():
-        print(f"  {key:<20s} {json.dumps(value)}")
+        note = f"  (unused: {unused[key]})" if key in unused else ""
+        print(f"  {key:<20s} {json.dumps(value)}{note}")
     if "onnx" in report:
         print_onnx(report["onnx"])
     else:
@@ -180,14 +285,19 @@ def print_provenance(record: dict[str, Any]) -> None:
         f"converted from: {source.get('file')} ({source.get('kind')}), sha256 {source.get('sha256')}"
     )
     print(f"converter: {record.get('converter')}")
+    for note in record.get("notes", []):
+        print(f"note: {note}")
     check = record.get("verify", {})
-    if "max_abs_logit_diff" in check:
+    if difference_text(check) is not None:
         verdict = "passed" if check.get("passed") else "FAILED"
         print(
-            f"verified: {verdict}, max |logit difference| {check['max_abs_logit_diff']:.2g} "
+            f"verified: {verdict}, {difference_text(check)} "
             f"(bound {check['bound']:.0e}), {' vs '.join(check['sides'])}"
         )
-        shapes = ", ".join("x".join(str(n) for n in s) for s in check["probe_shapes"])
+        # A half's probes have no source or no target length (null).
+        shapes = ", ".join(
+            "x".join("-" if n is None else str(n) for n in s) for s in check["probe_shapes"]
+        )
         print(
             f"  probes: seed {check['probe_seed']}, batch x src x tgt {shapes} ({check['probe_rows']})"
         )
@@ -213,14 +323,17 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
         "inspect",
         help="show a weight file's or a preset's config, tensors and parameter count",
         description=(
-            "Print the config, every canonical tensor (name, shape, dtype) and the parameter "
+            "Print the model's kind (encoder-decoder, decoder-only or encoder-only) with its "
+            "stacks, options and outputs, the config (marking the fields a half of the family "
+            "does not use), every canonical tensor (name, shape, dtype) and the parameter "
             "count, for a weight file in the shared format or for a preset/config file; for an "
             ".onnx file, its graph's inputs and outputs. A converted file also shows its "
             "provenance: the source's sha256, the converter, and the verification's largest "
             "logit difference, probes and versions. A file is fully validated first; any "
             "problem exits 2 naming it."
         ),
-        epilog="examples:\n  rosetta inspect --preset base\n  rosetta inspect model.safetensors --json",
+        epilog="examples:\n  rosetta inspect --preset base\n  rosetta inspect --preset tiny_encoder_only\n"
+        "  rosetta inspect model.safetensors --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

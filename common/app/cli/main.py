@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="rosetta",
         description=(
-            "Transformer Rosetta: one encoder-decoder Transformer in PyTorch, Keras 3/TensorFlow "
-            "and Flax NNX/JAX, with a NumPy float64 oracle and one weight format."
+            "Transformer Rosetta: one Transformer spec (the paper's encoder-decoder, and its "
+            "decoder-only and encoder-only halves) in PyTorch, Keras 3/TensorFlow and Flax "
+            "NNX/JAX, with a NumPy float64 oracle and one weight format."
         ),
         epilog="Exit codes: 0 ok, 1 a parity or threshold failure, 2 bad input.",
     )

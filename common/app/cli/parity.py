@@ -15,13 +15,16 @@ from common.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
     UsageError,
+    a_model_of_kind,
     add_device_argument,
     add_model_arguments,
     add_precision_argument,
     check_devices_visible,
     config_and_weights,
+    kind_name,
     load_inputs,
     positive_int,
+    refuse_absent_half,
     runtimes_arg,
 )
 from common.app.resources import check_forward_fits
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 def run_parity_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top, so that a test's patch of common.app.parity is seen.
-    from common.app.parity import run_parity, stderr_progress
+    from common.app.parity import batch_size, run_parity, stderr_progress
 
     if set(args.frameworks) <= {"numpy"}:
         raise UsageError(
@@ -43,7 +46,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
         )
     config, weights, source = config_and_weights(args, default_preset="tiny")
     src, tgt_in = parity_inputs(args, config)
-    plot_layer = check_plot_request(args, config, src.shape[0])
+    plot_layer = check_plot_request(args, config, batch_size(src, tgt_in))
     check_devices_visible(args.frameworks, args.device)
     report = run_parity(
         config,
@@ -74,36 +77,70 @@ def run_parity_command(args: argparse.Namespace) -> int:
     return EXIT_OK if report.passed else EXIT_FAILURE
 
 
+# --src-len and --tgt-len when not given (a half of the family takes one of them).
+DEFAULT_LENGTHS = {"src": 9, "tgt": 7}
+
+
 def parity_inputs(
     args: argparse.Namespace, config: TransformerConfig
-) -> tuple[np.ndarray, np.ndarray]:
-    """The checked (src, tgt_in) ids: from --inputs, else a ragged batch from --seed; refused
-    first if running every model on them would not fit in memory."""
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The checked (src, tgt_in) ids, None for the half the model lacks: from --inputs, else a
+    ragged batch from --seed; refused first if running every model on them would not fit in
+    memory. A length option of the absent half is refused rather than ignored."""
+    from common.app.parity import batch_size
+
     models = len(args.frameworks) + 1  # every framework's outputs and the oracle's are kept
+    given = {"src": args.src_len is not None, "tgt": args.tgt_len is not None}
+    refuse_absent_half(config, given, "--{key}-len", "give --{other}-len only")
     if args.inputs:
-        src, tgt_in = check_inputs(config, *load_inputs(args.inputs))
-        shape = (src.shape[0], src.shape[1], tgt_in.shape[1])
+        src, tgt_in = check_inputs(config, *load_inputs(args.inputs, config))
+        shape = (batch_size(src, tgt_in), input_length(src), input_length(tgt_in))
         check_forward_fits(config, *shape, models=models, what="this parity run")
         return src, tgt_in
-    shape = (args.batch, args.src_len, args.tgt_len)
-    check_forward_fits(config, *shape, models=models, what="this parity run")
-    return check_inputs(config, *ragged_batch(config, *shape, seed=args.seed))
+    src_len = args.src_len or DEFAULT_LENGTHS["src"]
+    tgt_len = args.tgt_len or DEFAULT_LENGTHS["tgt"]
+    # The absent half's length is 0 in the memory estimate: no ids, no maps, no logits for it.
+    used = (src_len if config.has_encoder else 0, tgt_len if config.has_decoder else 0)
+    check_forward_fits(config, args.batch, *used, models=models, what="this parity run")
+    return check_inputs(config, *ragged_batch(config, args.batch, src_len, tgt_len, args.seed))
+
+
+def input_length(ids: np.ndarray | None) -> int:
+    """The length of one input; 0 for the input a half of the family does not take."""
+    return 0 if ids is None else int(ids.shape[1])
+
+
+def describe_parity_inputs(
+    config: TransformerConfig, src: np.ndarray | None, tgt_in: np.ndarray | None
+) -> str:
+    """ "batch 4, source length 9, target length 7"; a half's: "batch 4, target length 7 (a
+    decoder-only model: no source)"."""
+    from common.app.parity import batch_size
+
+    rows = batch_size(src, tgt_in)
+    lengths = [
+        f"{what} length {ids.shape[1]}"
+        for what, ids in (("source", src), ("target", tgt_in))
+        if ids is not None
+    ]
+    absent = {"decoder_only": "no source", "encoder_only": "no target"}.get(config.kind)
+    note = f" ({a_model_of_kind(config)}: {absent})" if absent else ""
+    return f"batch {rows}, {', '.join(lengths)}{note}"
 
 
 def print_parity(
     args: argparse.Namespace,
     report: ParityReport,
     source: str,
-    inputs: tuple[np.ndarray, np.ndarray],
+    inputs: tuple[np.ndarray | None, np.ndarray | None],
     plots: list[Path],
 ) -> None:
     """The human-readable report: model, inputs, skipped frameworks, the table, the summary."""
     from common.app.parity import format_table, summary_line
 
-    src, tgt_in = inputs
-    print(f"model: {source}")
+    print(f"model: {source} ({kind_name(report.config)})")
     print(
-        f"inputs: batch {src.shape[0]}, source length {src.shape[1]}, target length {tgt_in.shape[1]}"
+        f"inputs: {describe_parity_inputs(report.config, *inputs)}"
         + (f" from {args.inputs}" if args.inputs else ", ragged padding")
     )
     for name, reason in report.skipped.items():
@@ -119,11 +156,12 @@ def print_parity(
 
 def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows: int) -> int:
     """parity --plot: the layer, head and row exist and the PNGs can be written; checked before
-    any framework runs. Returns the layer."""
-    layer = args.plot_layer if args.plot_layer is not None else config.num_decoder_layers - 1
+    any framework runs. Returns the layer: by default the last one every stack has."""
+    # The layers of the stacks the model has (a half of the family has one).
+    layers = min(n for n in (config.num_encoder_layers, config.num_decoder_layers) if n > 0)
+    layer = args.plot_layer if args.plot_layer is not None else layers - 1
     if args.plot is None:
         return layer
-    layers = min(config.num_encoder_layers, config.num_decoder_layers)
     if not 0 <= layer < layers:
         raise UsageError(f"--plot-layer {layer} is outside the model's layers 0..{layers - 1}")
     if not 0 <= args.plot_head < config.num_heads:
@@ -134,7 +172,7 @@ def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows
         raise UsageError(f"--plot-row {args.plot_row} is outside the batch rows 0..{rows - 1}")
     from common.app.plots import PNG_BYTES_BOUND, attention_plot_names
 
-    names = attention_plot_names(layer, args.plot_head)
+    names = attention_plot_names(config, layer, args.plot_head)
     inputs = (getattr(args, "weights", None), getattr(args, "inputs", None))
     needed = len(names) * PNG_BYTES_BOUND
     check_output_folder(
@@ -153,11 +191,15 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
             "logits (explicit and fused attention paths) and every attention map of every layer "
             "against the NumPy float64 oracle and between each pair of frameworks. Prints one row "
             "per quantity with max abs / max rel differences, the tolerance and pass/fail. "
-            "Exit 0 if all pass, 1 on any failure, 2 on bad input."
+            "A decoder-only model (e.g. --preset tiny_decoder_only) has no source and compares "
+            "its logits and decoder self-attention; an encoder-only one (tiny_encoder_only) has "
+            "no target and compares its encoder output (explicit and fused), pooled output and "
+            "encoder self-attention. Exit 0 if all pass, 1 on any failure, 2 on bad input."
         ),
         epilog=(
             "max rel is max|a - b| / max|b|, relative to the reference's scale.\n"
             "examples:\n  rosetta parity\n  rosetta parity --dtype float64 --frameworks torch,jax\n"
+            "  rosetta parity --preset tiny_decoder_only --tgt-len 12\n"
             "  rosetta parity --weights model.safetensors --inputs batch.npz --json\n"
             "  rosetta parity --plot plots/"
         ),
@@ -182,13 +224,22 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
     add_device_argument(p, every=True)
     data = p.add_argument_group("inputs")
     data.add_argument("--batch", type=positive_int, default=4, help="rows (default 4)")
-    data.add_argument("--src-len", type=positive_int, default=9, help="source length (default 9)")
-    data.add_argument("--tgt-len", type=positive_int, default=7, help="target length (default 7)")
+    data.add_argument(
+        "--src-len",
+        type=positive_int,
+        help=f"source length (default {DEFAULT_LENGTHS['src']}; for a model with an encoder)",
+    )
+    data.add_argument(
+        "--tgt-len",
+        type=positive_int,
+        help=f"target length (default {DEFAULT_LENGTHS['tgt']}; for a model with a decoder)",
+    )
     data.add_argument(
         "--inputs",
         metavar="FILE.npz",
         help="your own ids: keys src [batch, S] and tgt [batch, T] (the decoder input, "
-        "starting with BOS), pad = the config's pad_id",
+        "starting with BOS), pad = the config's pad_id; a decoder-only model's file holds tgt "
+        "only, an encoder-only model's src only",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the whole report as JSON")

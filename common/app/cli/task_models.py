@@ -11,7 +11,7 @@ from common.adapter.backends import FRAMEWORKS, Model, get_backend, unavailable_
 from common.app.cli.args import UsageError, device_for
 from common.app.progress import ProgressBar
 from common.app.resources import check_fits, decode_bytes
-from common.app.tasks import Task, get_task
+from common.app.tasks import TASKS, Task, get_task
 from common.app.trainer import train
 from common.decoding.search import EXTRA_LEN
 from common.spec.config import TransformerConfig
@@ -72,6 +72,22 @@ def load_task_weights(
         raise UsageError(f"--weights: {path} holds a model of another shape than task {name}'s")
     check_finite(path, wf.tensors, allow_nonfinite)
     return task, wf.tensors
+
+
+KIND_WORDS = {"encoder_decoder": "encoder-decoder", "decoder_only": "decoder-only LM"}
+
+
+def tasks_epilog(kinds: tuple[str, ...] = tuple(KIND_WORDS)) -> str:
+    """A command's help epilog: every task of these model kinds, one per line with its
+    description, then its model's kind and default steps (for RawDescriptionHelpFormatter)."""
+    names = [name for name, task in TASKS.items() if task.config().kind in kinds]
+    width = max(len(name) for name in names)
+    lines = ["tasks:"]
+    for name in names:
+        task = TASKS[name]
+        lines.append(f"  {name:<{width}s}  {task.description}")
+        lines.append(f"  {'':<{width}s}  ({KIND_WORDS[task.config().kind]}, {task.steps} steps)")
+    return "\n".join(lines)
 
 
 def check_beam(task: Task, texts: list[str], beam: int) -> None:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
 from common.adapter.backends import get_backend
 from common.app.cli.args import EXIT_OK, add_device_argument, positive_int, seed_int
-from common.app.cli.task_models import TRAINABLE, build, load_task_weights, run_training
+from common.app.cli.task_models import (
+    KIND_WORDS,
+    TRAINABLE,
+    build,
+    load_task_weights,
+    run_training,
+    tasks_epilog,
+)
 from common.app.plots import PNG_BYTES_BOUND
 from common.app.resources import weights_bytes
 from common.app.tasks import TASKS, Task, get_task
@@ -51,10 +59,12 @@ def run_train_command(args: argparse.Namespace) -> int:
     check_free_space(out.parent, needed, "--out")  # before training
     model = build(args.framework, config, weights, args.dtype, args.device)
     steps = args.steps or task.steps
-    print(f"task {task.name}: {task.description}")
+    print(f"task {task.name} ({KIND_WORDS[config.kind]}): {task.description}")
     losses = run_training(model, task, steps, args.seed, f"train {args.framework}")
     accuracy, _ = exact_match(model, task, task.test_pairs())
-    print(f"test exact match (greedy, {task.test_size} held-out pairs): {accuracy:.1%}")
+    # A decoder-only model's translation is its greedy continuation of the prompt.
+    how = "greedy" if config.has_encoder else "greedy continuation of the prompt"
+    print(f"test exact match ({how}, {task.test_size} held-out pairs): {accuracy:.1%}")
     save_weights(out, model.export(), config, get_backend(args.framework).version(), task=task.name)
     print(f"wrote {out}")
     if args.plot:
@@ -70,21 +80,23 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a small model on a generated task and write the shared weight format",
-        description=(
+        description=textwrap.fill(
             "Train the task's model from the paper's initialisation with the framework's own Adam "
             "(0.9, 0.98, 1e-9) at the Noam rate, on batches generated on the fly (never a test "
             "source). Shows a progress bar (loss, target tokens/s) on stderr, then the exact-match "
             "accuracy on the held-out test set, and writes the weights with the task's name in "
-            "their metadata, for `rosetta translate`."
+            "their metadata, for `rosetta translate`. The task sets the model's kind: numbers "
+            "trains an encoder-decoder, numbers-lm a decoder-only language model (GPT-style) on "
+            "'digits = words' sequences, which translates by continuing the prompt 'digits ='.",
+            width=79,
         ),
+        epilog=tasks_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", required=True, choices=TRAINABLE)
-    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)} (see below)")
     p.add_argument(
-        "--steps",
-        type=positive_int,
-        default=None,
-        help=f"training steps (default: the task's; numbers: {get_task('numbers').steps})",
+        "--steps", type=positive_int, default=None, help="training steps (default: the task's)"
     )
     p.add_argument("--out", required=True, metavar="FILE.safetensors")
     p.add_argument("--force", action="store_true", help="overwrite FILE (and FILE.loss.png)")

@@ -34,7 +34,9 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
         description=(
             "Decode with the framework's key/value cache: greedy, or beam search with --beam "
             "(GNMT length penalty 0.6, at most source length + 50 tokens). The task (and so the "
-            "tokenizer) comes from the weight file's metadata, as `rosetta train` wrote it."
+            "tokenizer) comes from the weight file's metadata, as `rosetta train` wrote it. A "
+            "decoder-only model (task numbers-lm) continues the prompt it makes of each input "
+            "('71' -> '0 0 0 0 7 1 =') by at most 50 tokens, and prints the continuation."
         ),
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. 40213")

@@ -1,0 +1,351 @@
+"""The importers of decoder-only language models (GPT; `num_encoder_layers` 0), each a `Table`
+(common/porting/table.py) of data:
+
+- `mingpt`: Karpathy's minGPT (`mingpt/model.py`, seed text 000): `transformer.wte`/`wpe`, blocks
+  `transformer.h.{i}` with `ln_1`, `attn.c_attn` (q, k, v packed in one nn.Linear [3d, d]),
+  `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj` with NewGELU (the tanh GELU), `transformer.ln_f`,
+  and `lm_head`, its own bias-free nn.Linear (minGPT does not tie it). Each block's causal mask is
+  a persistent buffer, `attn.bias`: checked, then dropped.
+- `nanogpt`: nanoGPT (`model.py`), the same keys, but nn.GELU (the exact, erf GELU), `lm_head`
+  tied to `wte`, and `GPTConfig(bias=False)` for models without biases. Compiled models save
+  their keys under `_orig_mod.`, which is read as an optional prefix.
+- `gpt2`: transformers' `GPT2LMHeadModel` (or `GPT2Model`, whose keys lack the `transformer.`
+  prefix): Conv1D layers store their weights [in, out] (c_attn [d, 3d]), `lm_head` is tied to
+  `wte`, gelu_new is the tanh GELU. Older transformers saved `attn.bias` (the causal mask) and
+  `attn.masked_bias` (-1e4): checked, then dropped.
+- `seed-gpt`: the "GPT" of seed text 002: an encoder stack of the "Transformers from Scratch"
+  style (one `AttentionHead` module per head, each with its own q, k, v nn.Linear; `Residual`
+  post-norm wrappers; a `feed_forward` Sequential) run with a causal mask added to the scores,
+  under an unscaled nn.Embedding and an untied output nn.Linear with a bias. Its positions are
+  computed, never stored, by `pos / 1e4 ** (dim // dim_model)`: `SEED_GPT_POSITIONS` says why
+  that is not the paper's sinusoid and how it is imported.
+
+None of these models masks anything by token id, and none has a pad, start or end token that its
+weights tell, while the spec masks the keys that hold `pad_id`: `pad_id`, `bos_id` and `eos_id`
+are `needs` (docs/PORTING.md, "Decoder-only models", says how to choose them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.porting.table import Computed, Constant, Rule, Table, is_causal_mask
+from common.spec.config import TransformerConfig
+from common.spec.names import TensorSpec
+
+_QKV = ("query", "key", "value")
+# What no GPT file tells: the heads (c_attn is [3d, d] for any h) and the special ids (above).
+_GPT_NEEDS = ("num_heads", "pad_id", "bos_id", "eos_id")
+# A decoder-only model with GPT-2's layout: one stack, pre-norm with a final LayerNorm (ln_f),
+# learned positions added to unscaled token embeddings, no output bias.
+_GPT_FIXED = {
+    "num_encoder_layers": 0,
+    "norm_position": "pre",
+    "final_norm": True,
+    "norm_kind": "layer_norm",
+    "position_kind": "learned",
+    "scale_embeddings": False,
+    "share_embeddings": False,
+    "output_bias": False,
+}
+_GPT_WHY = {
+    "num_encoder_layers": "a GPT is decoder-only: one causal stack, no encoder",
+    "norm_position": "a GPT block is pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x))",
+    "final_norm": "a GPT ends its stack with ln_f",
+    "position_kind": "a GPT learns its positions (wpe)",
+    "scale_embeddings": "a GPT adds wte(idx) + wpe(pos) without scaling by sqrt(d_model)",
+    "output_bias": "a GPT's lm_head has no bias",
+}
+CAUSAL_MASK = "the causal mask (a lower-triangular matrix of ones)"
+
+
+def _gpt_rules(root: str, head: str, conv1d: bool, optional_biases: bool = False) -> list[Rule]:
+    """GPT-2's layout under `root` (the key prefix of wte, h.{i}, ln_f) with the untied `head`
+    (lm_head's weight). `conv1d`: the weights are stored [in, out] (transformers' Conv1D), else
+    [out, in] (nn.Linear). `optional_biases`: nanoGPT's bias=False, told by the file's
+    attention_bias flag: then the projections have no bias, and a missing feed-forward or
+    LayerNorm bias is zeros (F.linear and F.layer_norm with bias None add nothing)."""
+    linear = () if conv1d else ("transpose",)
+
+    def biased(canonical: str, source: str, steps: tuple[str, ...] = ()) -> list[Rule]:
+        if not optional_biases:
+            return [Rule(canonical, source, steps)]
+        return [
+            Rule(canonical, source, steps, when=(("attention_bias", True),)),
+            Rule(canonical, source, steps, when=(("attention_bias", False),), absent_zeros=True),
+        ]
+
+    def norm(canonical: str, source: str) -> list[Rule]:
+        return [Rule(f"{canonical}.scale", f"{source}.weight")] + biased(
+            f"{canonical}.bias", f"{source}.bias"
+        )
+
+    out = [
+        Rule(
+            "decoder.embedding", f"{root}wte.weight", copies=(head,), when=(("tie_output", True),)
+        ),
+        Rule("decoder.embedding", f"{root}wte.weight", when=(("tie_output", False),)),
+        Rule("output.kernel", head, ("transpose",)),
+        Rule("decoder.position_embedding", f"{root}wpe.weight"),
+    ]
+    layer, block = "decoder.layers.{i}", f"{root}h.{{i}}"
+    attention, c_attn = f"{layer}.self_attention", f"{block}.attn.c_attn"
+    for part, proj in enumerate(_QKV):
+        # q, k, v are the three blocks of c_attn's output features, in that order (its forward
+        # splits them with .split(n_embd)); each block is heads-major, as .view(B, T, h, d_k).
+        split = f"columns:{part}/3" if conv1d else f"split:{part}/3"
+        kernel_steps = (split, "heads") if conv1d else (split, "transpose", "heads")
+        out.append(Rule(f"{attention}.{proj}.kernel", f"{c_attn}.weight", kernel_steps))
+        out.append(Rule(f"{attention}.{proj}.bias", f"{c_attn}.bias", (f"split:{part}/3", "heads")))
+    out.append(
+        Rule(f"{attention}.output.kernel", f"{block}.attn.c_proj.weight", (*linear, "heads"))
+    )
+    out.append(Rule(f"{attention}.output.bias", f"{block}.attn.c_proj.bias"))
+    out += norm(f"{layer}.self_attention_norm", f"{block}.ln_1")
+    out += norm(f"{layer}.feed_forward_norm", f"{block}.ln_2")
+    for canonical, module in (("intermediate", "c_fc"), ("output", "c_proj")):
+        ff, mlp = f"{layer}.feed_forward.{canonical}", f"{block}.mlp.{module}"
+        out.append(Rule(f"{ff}.kernel", f"{mlp}.weight", linear))
+        out += biased(f"{ff}.bias", f"{mlp}.bias")
+    out += norm("decoder.final_norm", f"{root}ln_f")
+    return out
+
+
+def _gpt_sizes(root: str, conv1d: bool) -> dict[str, tuple[str, int]]:
+    wte = f"{root}wte.weight"
+    return {
+        "src_vocab_size": (wte, 0),  # unused by a decoder-only model; kept equal to the vocabulary
+        "tgt_vocab_size": (wte, 0),
+        "d_model": (wte, 1),
+        "d_ff": (f"{root}h.0.mlp.c_fc.weight", 1 if conv1d else 0),
+        "max_len": (f"{root}wpe.weight", 0),  # block_size, n_positions
+    }
+
+
+_WRONG_KIND = {
+    "embedding.weight": "embedding.weight and encoder.layers.* are the seed GPT's keys: give "
+    "--from seed-gpt",
+}
+# minGPT's and GPT-2's files share every key; c_attn's layout tells them apart.
+_C_ATTN = "transformer.h.0.attn.c_attn.weight"
+_CONV1D_HINT = {
+    _C_ATTN: f"{_C_ATTN} is stored [in, out], as transformers' Conv1D stores it: give --from gpt2"
+}
+_LINEAR_HINT = {
+    _C_ATTN: f"{_C_ATTN} is stored [out, in], as nn.Linear stores it (minGPT, nanoGPT): give "
+    "--from mingpt or nanogpt"
+}
+
+# -- minGPT and nanoGPT ---------------------------------------------------------------------------
+
+_KARPATHY_ROOT = "{prefix}transformer."
+MINGPT = Table(
+    kind="mingpt",
+    model="minGPT",
+    rules=tuple(_gpt_rules(_KARPATHY_ROOT, "{prefix}lm_head.weight", conv1d=False)),
+    fixed={
+        **_GPT_FIXED,
+        "layer_norm_eps": 1e-5,
+        "activation": "gelu_tanh",
+        "tie_output": False,
+        "attention_bias": True,
+    },
+    why={
+        **_GPT_WHY,
+        "layer_norm_eps": "minGPT's nn.LayerNorm keeps torch's default eps, 1e-5",
+        "activation": "minGPT's NewGELU is the tanh GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + "
+        "0.044715 x^3)))",
+        "tie_output": "minGPT's lm_head is its own nn.Linear, not tied to wte (nanoGPT ties it: "
+        "--from nanogpt)",
+        "attention_bias": "minGPT's c_attn and c_proj are nn.Linear with a bias",
+    },
+    # GPT.get_default_config: embd_pdrop, resid_pdrop and attn_pdrop are 0.1.
+    defaults={"dropout": 0.1, "attention_dropout": 0.1},
+    needs=_GPT_NEEDS,
+    sizes=_gpt_sizes(_KARPATHY_ROOT, conv1d=False),
+    layer_counts={"num_decoder_layers": f"{_KARPATHY_ROOT}h.{{i}}."},
+    constants=(Constant(f"{_KARPATHY_ROOT}h.{{i}}.attn.bias", CAUSAL_MASK, is_causal_mask),),
+    hints={**_WRONG_KIND, **_CONV1D_HINT},
+)
+
+NANOGPT = Table(
+    kind="nanogpt",
+    model="nanoGPT",
+    rules=tuple(
+        _gpt_rules(_KARPATHY_ROOT, "{prefix}lm_head.weight", conv1d=False, optional_biases=True)
+    ),
+    fixed={**_GPT_FIXED, "layer_norm_eps": 1e-5, "activation": "gelu", "tie_output": True},
+    why={
+        **_GPT_WHY,
+        "layer_norm_eps": "nanoGPT's LayerNorm calls F.layer_norm with eps 1e-5",
+        "activation": "nanoGPT's MLP uses nn.GELU(), the exact erf GELU (minGPT's NewGELU is the "
+        "tanh one: --from mingpt)",
+        "tie_output": "nanoGPT ties wte to lm_head (self.transformer.wte.weight = "
+        "self.lm_head.weight)",
+    },
+    # GPTConfig: dropout 0.0 everywhere (its training configs set their own).
+    defaults={"dropout": 0.0, "attention_dropout": 0.0},
+    needs=_GPT_NEEDS,
+    sizes=_gpt_sizes(_KARPATHY_ROOT, conv1d=False),
+    layer_counts={"num_decoder_layers": f"{_KARPATHY_ROOT}h.{{i}}."},
+    # GPTConfig(bias=False) saves no bias at all: c_attn's tells.
+    flags={"attention_bias": f"{_KARPATHY_ROOT}h.0.attn.c_attn.bias"},
+    # Without flash attention (torch < 2.0) each block registers its causal mask.
+    constants=(Constant(f"{_KARPATHY_ROOT}h.{{i}}.attn.bias", CAUSAL_MASK, is_causal_mask),),
+    optional_prefix="_orig_mod.",  # the keys of a torch.compile'd model, as nanoGPT saves them
+    hints={**_WRONG_KIND, **_CONV1D_HINT},
+    tie_reason="nanoGPT ties them (minGPT does not: --from mingpt)",
+)
+
+
+# -- Hugging Face GPT-2 ---------------------------------------------------------------------------
+
+
+def _is_masked_bias(a: np.ndarray) -> bool:
+    a = np.asarray(a)
+    return a.size == 1 and a.dtype.kind == "f" and float(a.reshape(())) == -1e4
+
+
+GPT2 = Table(
+    kind="gpt2",
+    model="Hugging Face GPT-2",
+    rules=tuple(_gpt_rules("{prefix}", "lm_head.weight", conv1d=True)),
+    fixed={**_GPT_FIXED, "tie_output": True, "attention_bias": True},
+    why={
+        **_GPT_WHY,
+        "tie_output": "GPT2LMHeadModel ties lm_head to wte",
+        "attention_bias": "GPT-2's Conv1D layers have a bias",
+    },
+    # GPT2Config's defaults: activation_function "gelu_new" (the tanh GELU; "gelu" is the erf
+    # one), layer_norm_epsilon 1e-5, resid_pdrop = embd_pdrop = attn_pdrop = 0.1. A config.json
+    # that says otherwise is given in --config.
+    defaults={
+        "activation": "gelu_tanh",
+        "layer_norm_eps": 1e-5,
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+    },
+    needs=_GPT_NEEDS,
+    sizes=_gpt_sizes("{prefix}", conv1d=True),
+    layer_counts={"num_decoder_layers": "{prefix}h.{i}."},
+    constants=(
+        Constant("{prefix}h.{i}.attn.bias", CAUSAL_MASK, is_causal_mask),
+        Constant("{prefix}h.{i}.attn.masked_bias", "the number -1e4", _is_masked_bias),
+    ),
+    optional_prefix="transformer.",  # GPT2LMHeadModel's; GPT2Model's keys have none
+    hints={**_WRONG_KIND, **_LINEAR_HINT},
+    tie_reason="GPT2LMHeadModel ties them",
+)
+
+
+# -- the seed text's GPT ---------------------------------------------------------------------------
+
+
+def seed_gpt_positions(spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
+    """The seed GPT's position table, [max_len, d_model], as its `position_encoding` computes it:
+    `phase = pos / 1e4 ** (dim // dim_model)`, then sin(phase) at even dims and cos(phase) at odd
+    ones. `dim // dim_model` is 0 for every dim < dim_model, so every frequency is 1: row pos is
+    (sin pos, cos pos, sin pos, cos pos, ...). The paper's Eq. (5) divides 2i by d_model; this
+    formula divides with `//`, and we reproduce it as written, not as meant."""
+    length, d_model = spec.shape
+    pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
+    dim = np.arange(d_model, dtype=np.float64)[None, :]  # (1, d)
+    phase = pos / 1e4 ** (dim // d_model)  # (L, d); the exponent is 0 everywhere
+    return np.where(dim % 2 == 0, np.sin(phase), np.cos(phase))
+
+
+SEED_GPT_POSITIONS = Computed(
+    "computed: the text's pos / 1e4 ** (dim // dim_model), sin at even and cos at odd dims; "
+    "// makes every frequency 1 (not the paper's sinusoid)",
+    seed_gpt_positions,
+)
+
+
+def _seed_gpt_rules() -> list[Rule]:
+    out = [
+        Rule("decoder.embedding", "embedding.weight"),
+        Rule("decoder.position_embedding", "", computed=SEED_GPT_POSITIONS),
+        Rule("output.kernel", "linear.weight", ("transpose",)),
+        Rule("output.bias", "linear.bias"),
+    ]
+    layer, there = "decoder.layers.{i}", "encoder.layers.{i}"
+    # Residual(sublayer, dimension): LayerNorm(x + dropout(sublayer(x))), post-norm.
+    attention, mha = f"{layer}.self_attention", f"{there}.attention.sublayer"
+    for proj, linear in zip(_QKV, ("q", "k", "v"), strict=True):
+        # heads.{h}.q is head h's own nn.Linear(d_model, d_k); the heads' outputs are
+        # concatenated in order, so the stacked weights are one [h d_k, d_model] Linear.
+        head = f"{mha}.heads.{{h}}.{linear}"
+        out.append(Rule(f"{attention}.{proj}.kernel", f"{head}.weight", ("transpose", "heads")))
+        out.append(Rule(f"{attention}.{proj}.bias", f"{head}.bias", ("heads",)))
+    out.append(Rule(f"{attention}.output.kernel", f"{mha}.linear.weight", ("transpose", "heads")))
+    out.append(Rule(f"{attention}.output.bias", f"{mha}.linear.bias"))
+    # feed_forward(dim_input, dim_feedforward): Sequential(Linear, ReLU, Linear), so 0 and 2.
+    ff = f"{there}.feed_forward.sublayer"
+    for canonical, index in (("intermediate", 0), ("output", 2)):
+        out.append(
+            Rule(f"{layer}.feed_forward.{canonical}.kernel", f"{ff}.{index}.weight", ("transpose",))
+        )
+        out.append(Rule(f"{layer}.feed_forward.{canonical}.bias", f"{ff}.{index}.bias"))
+    for canonical, module in (
+        ("self_attention_norm", "attention"),
+        ("feed_forward_norm", "feed_forward"),
+    ):
+        out.append(Rule(f"{layer}.{canonical}.scale", f"{there}.{module}.norm.weight"))
+        out.append(Rule(f"{layer}.{canonical}.bias", f"{there}.{module}.norm.bias"))
+    return out
+
+
+_SEED_Q = "encoder.layers.0.attention.sublayer.heads.0.q.weight"
+SEED_GPT = Table(
+    kind="seed-gpt",
+    model="the seed text's GPT",
+    rules=tuple(_seed_gpt_rules()),
+    fixed={
+        "num_encoder_layers": 0,
+        "norm_position": "post",
+        "final_norm": False,
+        "norm_kind": "layer_norm",
+        "layer_norm_eps": 1e-5,
+        "activation": "relu",
+        "position_kind": "learned",
+        "scale_embeddings": False,
+        "share_embeddings": False,
+        "tie_output": False,
+        "output_bias": True,
+        "attention_bias": True,
+    },
+    why={
+        "num_encoder_layers": "the seed GPT is one causal stack (an encoder run with a causal "
+        "mask): decoder-only",
+        "norm_position": "the seed GPT's Residual is post-norm: LayerNorm(x + dropout(sublayer(x)))",
+        "final_norm": "the seed GPT's encoder ends without a LayerNorm",
+        "layer_norm_eps": "the seed GPT's nn.LayerNorm keeps torch's default eps, 1e-5",
+        "position_kind": "the seed GPT's positions, pos / 1e4 ** (dim // dim_model), are not the "
+        "paper's sinusoid: they are imported as a learned table computed from that formula",
+        "scale_embeddings": "the seed GPT adds its positions to nn.Embedding's output unscaled",
+        "tie_output": "the seed GPT's output is its own nn.Linear",
+        "output_bias": "the seed GPT's output nn.Linear has a bias",
+    },
+    # Its dropout (on the sublayer outputs only; none on the attention probabilities). Its
+    # positions are computed for any length: max_len is how many rows the imported table has.
+    defaults={"dropout": 0.1, "attention_dropout": 0.0, "max_len": 512},
+    needs=("pad_id", "bos_id", "eos_id"),
+    sizes={
+        "src_vocab_size": ("embedding.weight", 0),
+        "tgt_vocab_size": ("embedding.weight", 0),
+        "d_model": ("embedding.weight", 1),
+        "d_ff": ("encoder.layers.0.feed_forward.sublayer.0.weight", 0),
+        "key_dim": (_SEED_Q, 0),  # dim_q = dim_k = dim_model // num_heads in the text
+    },
+    layer_counts={
+        "num_decoder_layers": "encoder.layers.{i}.",
+        "num_heads": "encoder.layers.0.attention.sublayer.heads.{i}.",
+    },
+    hints={
+        key: "transformer.* and lm_head.weight are minGPT's, nanoGPT's or GPT-2's keys: give "
+        "--from mingpt, nanogpt or gpt2"
+        for key in ("transformer.wte.weight", "wte.weight", "_orig_mod.transformer.wte.weight")
+    },
+)
+
+TABLES: dict[str, Table] = {t.kind: t for t in (MINGPT, NANOGPT, GPT2, SEED_GPT)}
