@@ -65,7 +65,8 @@ def case_inputs(case: str):
     if kind == "vector":
         stored = load_weights(VECTORS / f"{name}.safetensors")
         with np.load(VECTORS / f"{name}.npz", allow_pickle=False) as npz:
-            src, tgt_in = npz["src"], npz["tgt_in"]
+            # A half of the family stores only the input it takes.
+            src, tgt_in = (npz[k] if k in npz else None for k in ("src", "tgt_in"))
         return stored.config, stored.tensors, src, tgt_in
     config = FULL_GRID[name]
     src, tgt_in = input_cases(config)["ragged"]
