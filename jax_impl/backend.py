@@ -12,7 +12,12 @@ import numpy as np
 from flax import nnx
 
 from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
+from common.decoding.search import (
+    check_row_ids,
+    check_step_budget,
+    check_stepper_request,
+    prompt_prefix,
+)
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import COMPUTE_DTYPES
 from common.spec.inputs import check_inputs, check_trainable
@@ -119,7 +124,7 @@ class FlaxStepper:
                     self.prefix = np.zeros((src.shape[0] * beams, 0), np.int32)
                 else:  # decoder-only: no memory; the prompt but its last token, per beam
                     self.memory_rows = {"memory": None, "src": None}
-                    self.prefix = np.repeat(src.astype(np.int32), beams, axis=0)[:, :-1]
+                    self.prefix = prompt_prefix(src, beams).astype(np.int32)  # (N, P - 1)
 
     def _logits(self, tokens: np.ndarray) -> jax.Array:
         """One step's logits (N, V), left on the device."""

@@ -95,7 +95,7 @@ def test_the_halves_share_and_tie_nothing_they_lack():
 def test_only_an_encoder_only_model_pools():
     (p,) = problems_of(pooling="mean")
     assert p == (
-        "pooling: only an encoder-only model (num_decoder_layers 0) pools, got 'mean' on a "
+        "pooling: only an encoder-only model (num_decoder_layers 0) pools, got 'mean' on an "
         "encoder-decoder model; set pooling to 'none'"
     )
     assert problems_of(pooled_l2_norm=True, num_decoder_layers=0, **HALF) == [

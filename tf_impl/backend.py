@@ -15,7 +15,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from common.adapter.backends import check_build_request, check_mode  # noqa: E402
-from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request  # noqa: E402
+from common.decoding.search import (  # noqa: E402
+    check_row_ids,
+    check_step_budget,
+    check_stepper_request,
+    prompt_prefix,
+)
 from common.spec.config import TransformerConfig  # noqa: E402
 from common.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
 from common.spec.inputs import check_inputs, check_trainable  # noqa: E402
@@ -98,7 +103,7 @@ class KerasStepper:
                 self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
             else:
                 self.memory = self.src = None
-                self.prefix = np.repeat(src, beams, axis=0)[:, :-1]  # (N, P - 1)
+                self.prefix = prompt_prefix(src, beams)  # (N, P - 1)
         self._step, self._reorder, self._prefix = fns["step"], fns["reorder"], fns["prefix"]
 
     def _logits(self, tokens: np.ndarray) -> tf.Tensor:

@@ -10,7 +10,12 @@ import numpy as np
 import torch
 
 from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
+from common.decoding.search import (
+    check_row_ids,
+    check_step_budget,
+    check_stepper_request,
+    prompt_prefix,
+)
 from common.errors import WeightFileError
 from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs, check_trainable
@@ -77,7 +82,7 @@ class TorchStepper:
                 self.prefix = torch.zeros(self.rows, 0, dtype=torch.int64, device=self.device)
             else:
                 self.cache, self.memory, self.src = None, None, None
-                self.prefix = src_t.repeat_interleave(beams, dim=0)[:, :-1]  # (N, P - 1)
+                self.prefix = torch.from_numpy(prompt_prefix(src, beams)).to(self.device)
 
     def _row_ids(self, ids: np.ndarray, name: str, high: int) -> torch.Tensor:
         """ids as an (N,) int64 tensor on the model's device, each in [0, high)."""

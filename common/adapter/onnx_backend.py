@@ -104,8 +104,8 @@ class OnnxModel:
 
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,
@@ -166,6 +166,6 @@ class OnnxBackend:
         if config.kind != "encoder_decoder":  # the graphs are the encoder-decoder's
             raise InputError(
                 f"onnx: the exported graphs are the encoder-decoder's; this model is "
-                f"{config.kind.replace('_', '-')}"
+                f"{config.kind_name}"
             )
         return OnnxModel(config, weights, device, precision)

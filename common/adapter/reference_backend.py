@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import check_stepper_request
+from common.decoding.search import check_stepper_request, prompt_prefix
 from common.oracle import reference
 from common.spec.config import TransformerConfig
 from common.spec.inputs import check_inputs
@@ -26,14 +26,14 @@ class PrefixStepper:
         self, weights: dict[str, np.ndarray], c: TransformerConfig, src: np.ndarray, beams: int
     ) -> None:
         self.weights, self.config = weights, c
-        rows = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
         if c.has_encoder:
             memory, _, _ = reference.encode(weights, c, src)
-            self.src, self.memory = rows, np.repeat(memory, beams, axis=0)  # (N, S, d)
-            self.prefix = np.zeros((rows.shape[0], 0), dtype=np.int64)
+            self.src = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
+            self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
+            self.prefix = np.zeros((self.src.shape[0], 0), dtype=np.int64)
         else:
             self.src = self.memory = None
-            self.prefix = rows[:, :-1]
+            self.prefix = prompt_prefix(src, beams)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.prefix = np.concatenate([self.prefix, np.asarray(tokens, np.int64)[:, None]], axis=1)
@@ -61,8 +61,8 @@ class NumpyModel:
 
     def forward(
         self,
-        src: np.ndarray,
-        tgt_in: np.ndarray,
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
         *,
         attention: bool = False,
         hidden_states: bool = False,

@@ -162,6 +162,13 @@ def length_penalty(length: np.ndarray | int, alpha: float) -> np.ndarray:
     return ((5.0 + np.asarray(length, dtype=np.float64)) / 6.0) ** alpha
 
 
+def prompt_prefix(prompt: np.ndarray, beams: int) -> np.ndarray:
+    """What a decoder-only model's uncached stepper holds before its first step, (B * beams,
+    P - 1) int64: each prompt row repeated for its beams, without the last token, which the
+    search feeds first (start_tokens). The cached stepper prefills the same tokens."""
+    return np.repeat(np.asarray(prompt, dtype=np.int64), beams, axis=0)[:, :-1]
+
+
 def row_limits(c: TransformerConfig, src: np.ndarray, extra_len: int) -> np.ndarray:
     """Per source row, the most new tokens it may get: its non-pad length + extra_len. Learned
     positions also stop the decoder input (BOS + tokens) at max_len. A decoder-only model's rows

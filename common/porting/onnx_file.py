@@ -42,7 +42,7 @@ def export_problems(
     problems = []
     if config.kind != "encoder_decoder":
         problems.append(
-            f"ONNX export covers the encoder-decoder; this model is {config.kind.replace('_', '-')}"
+            f"ONNX export covers the encoder-decoder; this model is {config.kind_name}"
             " (export it as safetensors, or to a framework's native checkpoint)"
         )
     if graph not in ONNX_GRAPHS:

@@ -127,6 +127,16 @@ class TransformerConfig:
         return "encoder_decoder"
 
     @property
+    def kind_name(self) -> str:
+        """The kind as messages write it: "encoder-decoder", "decoder-only", "encoder-only"."""
+        return self.kind.replace("_", "-")
+
+    @property
+    def a_model_of_its_kind(self) -> str:
+        """ "an encoder-decoder model", "a decoder-only model", "an encoder-only model"."""
+        return f"{'an' if self.kind_name.startswith('e') else 'a'} {self.kind_name} model"
+
+    @property
     def has_encoder(self) -> bool:
         return self.num_encoder_layers > 0
 
@@ -347,7 +357,7 @@ def family_problems(c: TransformerConfig) -> list[str]:
         ]
     if c.kind != "encoder_decoder" and c.share_embeddings:
         problems.append(
-            f"share_embeddings: a {c.kind.replace('_', '-')} model has one embedding, nothing to "
+            f"share_embeddings: {c.a_model_of_its_kind} has one embedding, nothing to "
             "share it with; set share_embeddings to false"
         )
     if c.kind == "encoder_only":
@@ -360,7 +370,7 @@ def family_problems(c: TransformerConfig) -> list[str]:
     elif c.pooling != "none":
         problems.append(
             f"pooling: only an encoder-only model (num_decoder_layers 0) pools, got "
-            f"{c.pooling!r} on a {c.kind.replace('_', '-')} model; set pooling to 'none'"
+            f"{c.pooling!r} on {c.a_model_of_its_kind}; set pooling to 'none'"
         )
     if c.pooled_l2_norm and c.pooling == "none":
         problems.append("pooled_l2_norm: there is no pooled vector to normalise (pooling 'none')")

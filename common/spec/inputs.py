@@ -36,6 +36,10 @@ def check_length(length: int, name: str, c: TransformerConfig) -> None:
         )
 
 
+# The model's two inputs, each with the stack that reads it (a half of the family has one).
+INPUT_STACKS = (("src", "encoder"), ("tgt", "decoder"))
+
+
 def check_inputs(
     c: TransformerConfig, src: np.ndarray | None, tgt_in: np.ndarray | None
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -58,18 +62,15 @@ def check_inputs(
 def check_halves(c: TransformerConfig, src: object, tgt: object) -> None:
     """InputError unless exactly the inputs of the model's kind are given: src for an encoder,
     tgt for a decoder."""
-    for name, value, needed, stack in (
-        ("src", src, c.has_encoder, "encoder"),
-        ("tgt", tgt, c.has_decoder, "decoder"),
-    ):
+    for (name, stack), value in zip(INPUT_STACKS, (src, tgt), strict=True):
+        needed = getattr(c, f"has_{stack}")
         if needed and value is None:
             raise InputError(
                 f"{name}: the model has a{'n' * (stack == 'encoder')} {stack}; give {name}"
             )
         if not needed and value is not None:
             raise InputError(
-                f"{name}: a {c.kind.replace('_', '-')} model has no {stack} and takes no {name}; "
-                "pass None"
+                f"{name}: {c.a_model_of_its_kind} has no {stack} and takes no {name}; pass None"
             )
 
 

@@ -26,6 +26,7 @@ from common.app.resources import check_fits, weights_bytes  # noqa: E402
 from common.errors import RosettaError  # noqa: E402
 from common.files.outputs import shown  # noqa: E402
 from common.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
+from common.spec.inputs import INPUT_STACKS  # noqa: E402
 from common.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
 from common.weights.format import (  # noqa: E402
     WeightFile,
@@ -176,34 +177,19 @@ def load_ids(path: str, name: str) -> np.ndarray:
     return read_ids(path, name)
 
 
-# The model's two inputs, each with the stack that reads it (a half of the family has one).
-INPUTS = (("src", "encoder"), ("tgt", "decoder"))
-
-
-def kind_name(config: TransformerConfig) -> str:
-    """The model's kind as the messages write it: "encoder-decoder", "decoder-only", ..."""
-    return config.kind.replace("_", "-")
-
-
-def a_model_of_kind(config: TransformerConfig) -> str:
-    """ "a decoder-only model", "an encoder-only model", "an encoder-decoder model"."""
-    name = kind_name(config)
-    return f"{'an' if name.startswith('e') else 'a'} {name} model"
-
-
 def refuse_absent_half(
     config: TransformerConfig, given: dict[str, bool], option: str, instead: str
 ) -> None:
     """A one-line UsageError when an input of the half the model lacks is given. `given` maps
     "src"/"tgt" to whether it was; in `option` "{key}" stands for that input and in `instead`
     "{other}" for the one the model takes: ("--{key}", "give --{other} only")."""
-    for key, stack in INPUTS:
+    for key, stack in INPUT_STACKS:
         if given.get(key) and not getattr(config, f"has_{stack}"):
-            other = next(k for k, _ in INPUTS if k != key)
+            other = next(k for k, _ in INPUT_STACKS if k != key)
             name = option.replace("{key}", key)
             instead = instead.replace("{other}", other)  # not format(): a path may hold braces
             raise UsageError(
-                f"{name}: {a_model_of_kind(config)} has no {stack} and takes no {key}; {instead}"
+                f"{name}: {config.a_model_of_its_kind} has no {stack} and takes no {key}; {instead}"
             )
 
 
@@ -222,12 +208,12 @@ def load_inputs(
     if config is None:
         src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
         return src, tgt
-    keys = tuple(key for key, stack in INPUTS if getattr(config, f"has_{stack}"))
+    keys = tuple(key for key, stack in INPUT_STACKS if getattr(config, f"has_{stack}"))
     # First: read_ids_npz checks that the path is a regular file and names any problem.
     arrays = dict(zip(keys, read_ids_npz(path, "--inputs", keys), strict=True))
     with zipfile.ZipFile(path) as archive:
         held = {name.removesuffix(".npy") for name in archive.namelist()}
-    held_by = {key: key in held for key, _ in INPUTS}
+    held_by = {key: key in held for key, _ in INPUT_STACKS}
     refuse_absent_half(config, held_by, "--inputs", shown(path) + " holds one: save only {other}")
     return arrays.get("src"), arrays.get("tgt")
 

@@ -30,7 +30,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if config.kind != "encoder_decoder":  # each peer (nn.Transformer, ...) is an encoder-decoder
         raise UsageError(
             f"bench: times the encoder-decoder against each framework's own; this model is "
-            f"{config.kind.replace('_', '-')}, which has no peer here"
+            f"{config.kind_name}, which has no peer here"
         )
     if args.frameworks is not None and set(args.frameworks) <= {"numpy"}:
         raise UsageError("--frameworks: bench times torch, tf and jax; the oracle has no peer")

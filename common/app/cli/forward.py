@@ -14,7 +14,6 @@ from common.adapter.backends import FRAMEWORKS, get_backend
 from common.app.cli.args import (
     EXIT_OK,
     UsageError,
-    a_model_of_kind,
     add_device_argument,
     add_precision_argument,
     config_and_weights,
@@ -87,7 +86,7 @@ def forward_inputs(
     ):
         if getattr(config, f"has_{stack}") and getattr(args, key) is None:
             raise UsageError(
-                f"--{key}: {a_model_of_kind(config)} reads {what}; give --{key} {key.upper()}.npy"
+                f"--{key}: {config.a_model_of_its_kind} reads {what}; give --{key} {key.upper()}.npy"
             )
     return (
         None if args.src is None else load_ids(args.src, "--src"),

@@ -15,13 +15,11 @@ from common.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
     UsageError,
-    a_model_of_kind,
     add_device_argument,
     add_model_arguments,
     add_precision_argument,
     check_devices_visible,
     config_and_weights,
-    kind_name,
     load_inputs,
     positive_int,
     refuse_absent_half,
@@ -124,7 +122,7 @@ def describe_parity_inputs(
         if ids is not None
     ]
     absent = {"decoder_only": "no source", "encoder_only": "no target"}.get(config.kind)
-    note = f" ({a_model_of_kind(config)}: {absent})" if absent else ""
+    note = f" ({config.a_model_of_its_kind}: {absent})" if absent else ""
     return f"batch {rows}, {', '.join(lengths)}{note}"
 
 
@@ -138,7 +136,7 @@ def print_parity(
     """The human-readable report: model, inputs, skipped frameworks, the table, the summary."""
     from common.app.parity import format_table, summary_line
 
-    print(f"model: {source} ({kind_name(report.config)})")
+    print(f"model: {source} ({report.config.kind_name})")
     print(
         f"inputs: {describe_parity_inputs(report.config, *inputs)}"
         + (f" from {args.inputs}" if args.inputs else ", ragged padding")
