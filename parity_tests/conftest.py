@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
 
@@ -11,13 +12,35 @@ import pytest  # noqa: E402
 from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
 
 IMPLEMENTATIONS = [name for name in FRAMEWORKS if name != "numpy"]
+# CI (.ci/run sets nothing: the CI service sets CI=true) installs the whole test set-up with
+# .ci/install: every framework, transformers and the real-weights package.
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def setup_missing(reason: str) -> NoReturn:
+    """A part of the test set-up that .ci/install installs is missing. Outside CI the test skips,
+    saying why. In CI it fails: a skip there would let the real-weights and cross-framework
+    tests stop running without anyone noticing."""
+    if IN_CI:
+        pytest.fail(f"{reason}: .ci/install installs it, so CI fails without it", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def backend_or_skip(name: str):
     reason = unavailable_reason(name)
     if reason is not None:
-        pytest.skip(f"backend {name}: {reason}")
+        setup_missing(f"backend {name}: {reason}")
     return get_backend(name)
+
+
+def import_or_skip(module: str, reason: str):
+    """pytest.importorskip for a module of the test set-up: a failure in CI (setup_missing)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        setup_missing(reason)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

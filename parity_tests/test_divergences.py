@@ -6,6 +6,10 @@ docs/ROSETTA.md).
 - The cheap entries (seconds each) are measured again and must give the recorded number (within
   the entry's rtol). The slow ones (Flax's eager float64 forwards, ~9 s the first; Keras training
   runs, ~5 s each) are `slow`.
+- A row whose number depends on the hardware (TensorFlow's bfloat16 kernels: oneDNN or Eigen)
+  records each class with the machine that measured it. The tests find the class they run in
+  and compare with that class's record, so they pass on any CPU; every class this machine can
+  reach (TF_ENABLE_ONEDNN_OPTS) is measured again in a child process.
 - Facts the catalogue states are derived here independently: from the frameworks' signatures,
   from the float64 oracle, or from small cases worked out by hand. No expected number is taken
   from the code under test; the catalogue's numbers are measurements, not assertions.
@@ -23,6 +27,7 @@ import pytest
 from common.adapter.backends import unavailable_reason
 from common.app import divergences
 from common.app.divergences import (
+    CLASS_KEYS,
     FRAMEWORK_NAMES,
     MEASURE_COMMAND,
     RECORD_KEYS,
@@ -45,10 +50,35 @@ def recorded() -> dict[str, dict]:
     return {row["key"]: row for row in load_catalogue()}
 
 
-def value_of(key: str) -> float:
-    """The recorded value of entry `key` (NaN for a recorded NaN)."""
-    value = recorded()[key]["value"]
+def value_of(key: str, hardware_class: str | None = None) -> float:
+    """The recorded value of entry `key` (NaN for a recorded NaN); for a row that depends on the
+    hardware, the value of `hardware_class` (default: the largest over the classes)."""
+    row = recorded()[key]
+    if hardware_class is not None:
+        row = class_record(key, hardware_class)
+    value = row["value"]
     return math.nan if value is None else value
+
+
+def class_record(key: str, hardware_class: str) -> dict:
+    found = [c for c in recorded()[key]["classes"] if c["class"] == hardware_class]
+    assert found, f"{key}: no record for hardware class {hardware_class!r}: {STALE}"
+    return found[0]
+
+
+def tf_class() -> str:
+    """The TF_BF16 class this process is in, from TensorFlow's own flag and the CPU's features,
+    not from the catalogue's probe: TensorFlow sends bfloat16 to oneDNN only where oneDNN is on
+    (IsMklEnabled) and the CPU has AVX-512F (tensorflow/core/util/util.cc,
+    IsDataTypeSupportedByOneDNNOnThisCPU), else to Eigen."""
+    backend_or_skip("tf")
+    from pathlib import Path
+
+    from tensorflow.python.util import _pywrap_util_port
+
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text().split() if cpuinfo.exists() else []
+    return "oneDNN" if _pywrap_util_port.IsMklEnabled() and "avx512f" in flags else "Eigen"
 
 
 def framework_or_skip(name: str | None) -> None:
@@ -70,11 +100,43 @@ def test_every_entry_has_its_record_with_the_same_text():
         assert tuple(row) == RECORD_KEYS, f"{row['key']}: keys {tuple(row)}: {STALE}"
         for field, text in divergence.text().items():
             assert row[field] == text, f"{row['key']}: {field} changed: {STALE}"
-        value = row["value"]
-        assert value is None or (isinstance(value, float) and math.isfinite(value))
-        # The shown text starts with the value as the entry formats it (then a note, if any).
-        shown = divergence.show(math.nan if value is None else value)
-        assert row["shown"].startswith(shown), f"{row['key']}: shown {row['shown']!r}: {STALE}"
+        assert row["measured_on"], row["key"]
+        hardware = divergence.hardware
+        # A row that depends on the hardware holds one record per class, in the classes' order;
+        # its value is the largest of theirs and its text shows each, named.
+        classes = row["classes"]
+        if hardware is None:
+            assert classes == [], row["key"]
+            records = [row]
+        else:
+            assert [c["class"] for c in classes] == list(hardware.classes), (
+                f"{row['key']}: classes {[c['class'] for c in classes]}: {STALE}"
+            )
+            assert all(tuple(c) == CLASS_KEYS and c["measured_on"] for c in classes)
+            assert row["value"] == max(c["value"] for c in classes)
+            assert row["shown"] == "; ".join(f"{c['class']}: {c['shown']}" for c in classes)
+            records = classes
+        for record in records:
+            value = record["value"]
+            assert value is None or (isinstance(value, float) and math.isfinite(value))
+            # The shown text starts with the value as the entry formats it (then a note).
+            shown = divergence.show(math.nan if value is None else value)
+            assert record["shown"].startswith(shown), f"{row['key']}: {record['shown']!r}: {STALE}"
+
+
+def test_rows_that_depend_on_the_hardware_say_so():
+    """TensorFlow's bfloat16 rows say that they depend on the CPU, in the JSON and in the table;
+    the other rows say what they depend on too."""
+    rows = recorded()
+    for key in ("bf16_softmax_keras", "bf16_matmul_tf", "bf16_einsum_tf"):
+        assert BY_KEY[key].hardware is divergences.TF_BF16, key
+        assert rows[key]["depends_on"].startswith("the CPU: TensorFlow runs bfloat16 through")
+    assert all(row["depends_on"] for row in rows.values())
+    assert rows["tf32_jax"]["depends_on"].startswith("the GPU")
+    table = catalogue_table()
+    assert "- **oneDNN**: products accumulate in float32" in table
+    assert "- **Eigen**: `tf.matmul` truncates" in table
+    assert "| the CPU: TensorFlow runs bfloat16 through oneDNN" in table
 
 
 def test_registry_entries_are_well_formed():
@@ -95,14 +157,18 @@ def test_the_table_has_one_row_per_record_and_is_deterministic():
     table = catalogue_table()
     assert table == catalogue_table(rows) == catalogue_table()
     lines = table.splitlines()
-    assert (
-        lines[0] == "| topic | framework | default | this project | effect of keeping the default |"
+    assert lines[0] == (
+        "| topic | framework | default | this project | depends on "
+        "| effect of keeping the default |"
     )
-    assert len(lines) == 2 + len(rows)
-    for line, row in zip(lines[2:], rows, strict=True):
+    assert lines[2 + len(rows)] == ""  # the table ends; the classes and machines follow
+    for line, row in zip(lines[2 : 2 + len(rows)], rows, strict=True):
         cells = re.split(r"(?<!\\)\|", line)[1:-1]  # pipes inside a cell are escaped
-        assert len(cells) == 5, line
+        assert len(cells) == 6, line
         assert cells[-1].replace("\\|", "|").strip().startswith(f"**{row['shown']}**")
+    machines = {c["measured_on"] for r in rows for c in r["classes"] or [r]}
+    for where in machines:
+        assert f"- Measured on {where}: " in table
 
 
 def test_the_table_without_measurements_says_how_to_measure(tmp_path):
@@ -149,14 +215,25 @@ def _measure_again(divergence: divergences.Divergence) -> None:
         backend_or_skip(divergence.needs)
     row = recorded().get(divergence.key)
     assert row is not None, f"{divergence.key} is not in docs/divergences.json: {STALE}"
-    measured = divergence.record()
+    if divergence.hardware is None:
+        value, _ = divergence.measured()
+    else:
+        # The class this process is in, then that class's record; the probe must agree with
+        # the framework's own account (test_the_probe_names_the_class_tensorflow_is_in).
+        measured = divergence.class_record()
+        row = class_record(divergence.key, measured["class"])
+        value = measured["value"]
+    _agrees(divergence, value, row)
+
+
+def _agrees(divergence: divergences.Divergence, got: float | None, row: dict) -> None:
     want = row["value"]
     if want is None:
-        assert measured["value"] is None, f"{divergence.key}: NaN recorded, measured {measured}"
+        assert got is None, f"{divergence.key}: NaN recorded, measured {got}"
         return
-    got = measured["value"]
     assert got is not None and math.isclose(got, want, rel_tol=divergence.rtol, abs_tol=0.0), (
-        f"{divergence.key}: measured {got!r}, recorded {want!r} (rtol {divergence.rtol}): {STALE}"
+        f"{divergence.key}: measured {got!r}, recorded {want!r} (rtol {divergence.rtol}, "
+        f"recorded on {row['measured_on']}): {STALE}"
     )
 
 
@@ -170,6 +247,29 @@ def test_slow_entries_measure_what_is_recorded(divergence):
     """slow: a Flax model's first eager float64 forward compiles every op (~9 s on 2 cores), and
     each Keras training run traces a step and takes 20 of them (~5 s)."""
     _measure_again(divergence)
+
+
+@pytest.mark.parametrize("hardware_class", list(divergences.TF_BF16.classes))
+def test_each_class_this_machine_can_reach_measures_what_is_recorded(hardware_class):
+    """Every TF_BF16 class measured again in a child process under its environment
+    (TF_ENABLE_ONEDNN_OPTS), ~5 s each: on a CPU with AVX-512 both classes, so that the record
+    of the class the suite does not run in is checked too. A child that lands in another class
+    (oneDNN asked for on a CPU without AVX-512) cannot measure this one: skipped, saying so."""
+    backend_or_skip("tf")
+    kind = divergences.TF_BF16
+    keys = [d.key for d in REGISTRY if d.hardware is kind]
+    records = divergences.measure_classes(keys, kind.environments[hardware_class])
+    landed = {r["class"] for r in records}
+    if landed != {hardware_class}:
+        pytest.skip(f"asked for {hardware_class}, this machine gives {', '.join(sorted(landed))}")
+    for record in records:
+        _agrees(BY_KEY[record["key"]], record["value"], class_record(record["key"], hardware_class))
+
+
+def test_the_probe_names_the_class_tensorflow_is_in():
+    """divergences.tf_bf16_kernels (the behaviour of tf.matmul) names the class that
+    TensorFlow's own flag and the CPU's features give (tf_class, above)."""
+    assert divergences.tf_bf16_kernels() == tf_class()
 
 
 # -- facts the catalogue states, derived independently ---------------------------------------------
@@ -346,10 +446,12 @@ def test_fast_variance_cancels_at_a_large_offset():
     assert value_of("fast_variance_offset") > 100 * atol_for("float32")
 
 
-def test_tf_bfloat16_products_truncate_and_einsum_accumulates_in_bfloat16():
-    """tf.matmul on bfloat16 (CPU) is the float32 product cut to bfloat16 (its top 16 bits);
-    tf.einsum's error is well past two roundings; torch's is one rounding."""
-    backend_or_skip("tf")
+def test_tf_bfloat16_products_follow_the_cpus_kernels():
+    """With Eigen, tf.matmul on bfloat16 (CPU) is the float32 product cut to bfloat16 (its top
+    16 bits), and tf.einsum's error is well past two roundings. With oneDNN, both are rounded to
+    nearest once: within one rounding of the exact product. torch's is one rounding on any CPU.
+    The class comes from TensorFlow's flag (tf_class), the facts from numpy here."""
+    hardware_class = tf_class()
     import ml_dtypes
     import tensorflow as tf
 
@@ -358,11 +460,22 @@ def test_tf_bfloat16_products_truncate_and_einsum_accumulates_in_bfloat16():
     truncated = (f32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
     with tf.device("/CPU:0"):
         got = tf.matmul(tf.constant(a), tf.constant(b)).numpy().astype(np.float32)
-    assert np.array_equal(got, truncated)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     once = float(np.max(np.abs(exact.astype(ml_dtypes.bfloat16).astype(np.float64) - exact)))
-    assert value_of("bf16_einsum_tf") > 4 * once
-    assert once < value_of("bf16_matmul_tf") <= 2 * once * 1.01
+    matmul, einsum = (value_of(k, hardware_class) for k in ("bf16_matmul_tf", "bf16_einsum_tf"))
+    if hardware_class == "Eigen":
+        assert np.array_equal(got, truncated)
+        assert einsum > 4 * once
+        assert once < matmul <= 2 * once * 1.01
+    else:
+        # float32 accumulation is ~1e-6 relative, far below a bfloat16 half-ulp (2^-9), so the
+        # result rounds like the exact product except at a few near-ties.
+        assert np.mean(got == f32.astype(ml_dtypes.bfloat16).astype(np.float32)) > 0.99
+        assert float(np.max(np.abs(got - exact))) <= once * (1 + 1e-6)
+        assert matmul <= once * (1 + 1e-6) and einsum <= once * (1 + 1e-6)
+    # Each class's record states its own fact, whichever class this machine is in.
+    assert value_of("bf16_einsum_tf", "Eigen") > 4 * once
+    assert value_of("bf16_einsum_tf", "oneDNN") <= once * (1 + 1e-6)
     if unavailable_reason("torch") is None:
         import torch
 
@@ -373,11 +486,20 @@ def test_tf_bfloat16_products_truncate_and_einsum_accumulates_in_bfloat16():
         assert torch_error <= once * 1.01
 
 
-def test_bfloat16_softmax_rows_are_worse_than_one_rounding():
-    for key in ("bf16_softmax_jax", "bf16_softmax_keras"):
-        shown = recorded()[key]["shown"]
-        once = float(re.search(r"one rounding: ([0-9.e+-]+)", shown).group(1))
-        assert value_of(key) > once, key
+def test_bfloat16_softmax_rows_against_one_rounding():
+    """JAX's bfloat16 softmax is worse than one rounding of the exact result on any CPU; Keras's
+    is worse with Eigen and one rounding with oneDNN (which computes it in float32). One rounding
+    is computed here from the scores, not read from the catalogue."""
+    import ml_dtypes
+
+    s = np.asarray(divergences.bf16_scores(), np.float64)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    exact = e / e.sum(axis=-1, keepdims=True)
+    once = float(np.max(np.abs(exact.astype(ml_dtypes.bfloat16).astype(np.float64) - exact)))
+    assert value_of("bf16_softmax_jax") > 1.2 * once
+    assert value_of("bf16_softmax_keras", "Eigen") > 1.2 * once
+    # float32 statistics: the exact softmax to ~1e-7, then one rounding to bfloat16.
+    assert abs(value_of("bf16_softmax_keras", "oneDNN") - once) <= 1e-6
 
 
 def test_stock_einsum_dense_adds_a_per_head_bias_along_the_sequence():

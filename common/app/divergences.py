@@ -17,6 +17,15 @@ How the numbers are taken, unless an entry's "effect" says otherwise:
   effect), float32 or bfloat16 where the point is rounding;
 - fixed seeds and inputs: the same number on every run on the same machine and versions.
 
+What a number depends on is part of its record (`depends_on`), and so is the machine that
+measured it (`measured_on`). Most rows are formulas or rounding that any CPU reproduces; a few
+are facts about a framework on one kind of hardware, not about the framework. TensorFlow's
+bfloat16 kernels are the one found so far: they round once on a CPU where TensorFlow uses oneDNN,
+and truncate, or sum in bfloat16, where it uses Eigen. Such a row names a `Hardware` with its
+classes, a probe that tells which class this process is in, and the environment that selects
+each class where one machine can run both. Each class is measured and recorded with its own
+machine, and the tests compare what they measure with the record of the class they run in.
+
 Frameworks are imported inside the functions only, so importing this module (for the table)
 needs none of them.
 """
@@ -27,6 +36,9 @@ import contextlib
 import functools
 import json
 import math
+import os
+import platform
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,14 +54,31 @@ from common.weights.init import init_weights
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "divergences.json"
 MEASURE_COMMAND = "python -m common.app.docs --measure divergences"
-# The keys of a record, in the order the JSON file lists them.
-RECORD_KEYS = ("key", "topic", "framework", "default", "ours", "effect", "value", "shown")
+# The keys of a record, in the order the JSON file lists them: the static text (the first seven),
+# then what was measured, where, and, for a row that depends on the hardware, each class's record.
+RECORD_KEYS = (
+    "key",
+    "topic",
+    "framework",
+    "default",
+    "ours",
+    "effect",
+    "depends_on",
+    "value",
+    "shown",
+    "measured_on",
+    "classes",
+)
+STATIC_KEYS = RECORD_KEYS[:7]
+# A hardware class's record, inside a row's "classes".
+CLASS_KEYS = ("class", "value", "shown", "measured_on")
 FRAMEWORK_NAMES = ("PyTorch", "Keras", "TensorFlow", "JAX", "Flax NNX", "nn.Transformer")
 TABLE_COLUMNS = (
     ("topic", "topic"),
     ("framework", "framework"),
     ("default", "default"),
     ("ours", "this project"),
+    ("depends_on", "depends on"),
     ("shown", "effect of keeping the default"),
 )
 
@@ -59,6 +88,20 @@ TABLE_COLUMNS = (
 # kernels may block their sums differently, which moves the error itself.
 FLOAT64_RTOL = 1e-6
 ROUNDING_RTOL = 0.25
+# A rounding effect at float32's own level (~1e-6 on the logits) whose digits XLA's CPU kernels
+# change with the CPU: measured 1.07e-6 on the AMD EPYC that first recorded it (no oneDNN for
+# TensorFlow there: a CPU without AVX512-VNNI/BF16) and 8.0e-7 on one with AVX512-BF16. The row
+# states its size, so it is checked to within a factor of 2 (rel_tol 0.5 of the larger).
+SIZE_RTOL = 0.5
+
+# What a row's number depends on, beyond the versions in its measured_on (`depends_on`).
+FORMULA = "the formula only (float64): the same number on any CPU"
+EXACT = "nothing: an exact value on any CPU"
+SUMMATION_ORDER = "the CPU's summation order only: within 25% on any x86-64 CPU"
+TF32_GPU = (
+    "the GPU: NVIDIA Ampere or later rounds float32 products to TF32; emulated here, so the same "
+    "number on any CPU"
+)
 
 # -- formatting ------------------------------------------------------------------------------------
 
@@ -86,6 +129,47 @@ def _uniform_or_scientific(keys: int) -> Callable[[float | None], str]:
 # -- the registry ----------------------------------------------------------------------------------
 
 
+def machine() -> str:
+    """The machine a number is measured on (a record's `measured_on`): the CPU's model, the ISA
+    features that change a row (AVX-512F, AVX512-BF16, AMX-BF16) and the versions that compute
+    it. Read from /proc/cpuinfo and the installed packages' metadata: no framework is imported."""
+    import importlib.metadata
+
+    model, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                model = value.strip()
+            elif name.strip() == "flags":
+                flags = set(value.split())
+    features = [label for flag, label in _CPU_FEATURES if flag in flags]
+    versions = []
+    for package in ("numpy", "torch", "tensorflow", "keras", "jax", "flax"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+    cpu = f"{model} ({', '.join([platform.machine(), *features])})"
+    return f"{cpu}; {', '.join(versions)}"
+
+
+# The CPU features a row's number can depend on: (/proc/cpuinfo flag, name shown).
+_CPU_FEATURES = (("avx512f", "AVX-512F"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16"))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a row's number depends on when it is a fact about the hardware, not the framework:
+    the classes of machine that give different numbers (name -> what that class does), a probe
+    that returns the class this process is in, and, per class, the environment variables that
+    put a process in it where the hardware allows (a process whose probe then says otherwise
+    cannot measure that class: its record comes from another machine)."""
+
+    depends_on: str
+    classes: dict[str, str]
+    current: Callable[[], str]
+    environments: dict[str, dict[str, str]]
+
+
 @dataclass(frozen=True)
 class Divergence:
     """One row of the catalogue: the text (static, so that the JSON can be checked against it
@@ -96,7 +180,9 @@ class Divergence:
     `rtol` is the relative difference allowed when it is measured again (FLOAT64_RTOL unless
     the entry's point is float32 or bfloat16 rounding, which another CPU's kernels may sum in
     another order: ROUNDING_RTOL). `measure` returns the value, or (value, note), the note
-    giving other numbers of the same run, shown in parentheses after the value.
+    giving other numbers of the same run, shown in parentheses after the value. `depends_on`
+    says what the number depends on; `hardware`, for a row whose number is a fact about a class
+    of machine, gives the classes (its `depends_on` is then the row's).
     """
 
     key: str
@@ -110,19 +196,60 @@ class Divergence:
     show: Callable[[float | None], str] = scientific
     cost: str = "cheap"
     rtol: float = FLOAT64_RTOL
+    depends_on: str = FORMULA
+    hardware: Hardware | None = None
 
     def text(self) -> dict[str, str]:
         """The record's static strings: what the JSON must hold for this entry."""
-        return {k: getattr(self, k) for k in RECORD_KEYS[:6]}
+        return {k: getattr(self, k) for k in STATIC_KEYS}
 
-    def record(self) -> dict[str, Any]:
-        """Measure, and return the record: the static strings, the value (None for NaN, which
-        JSON cannot hold) and the value formatted for the table."""
+    def measured(self) -> tuple[float | None, str]:
+        """Measure: the value (None for NaN, which JSON cannot hold) and the value formatted for
+        the table, with the note in parentheses."""
         measured = self.measure()
         value, note = measured if isinstance(measured, tuple) else (measured, "")
         value = float(value)
         shown = self.show(value) + (f" ({note})" if note else "")
-        return {**self.text(), "value": None if math.isnan(value) else value, "shown": shown}
+        return (None if math.isnan(value) else value), shown
+
+    def class_record(self) -> dict[str, Any]:
+        """This process's hardware class, measured: a record of CLASS_KEYS."""
+        assert self.hardware is not None, f"{self.key} does not depend on the hardware"
+        value, shown = self.measured()
+        return {
+            "class": self.hardware.current(),
+            "value": value,
+            "shown": shown,
+            "measured_on": machine(),
+        }
+
+    def record(self, classes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The row's record. A row that does not depend on the hardware is measured here. A row
+        that does is made of its classes' records (`classes`, default: this process's class):
+        its value is the largest over them, the bound a user meets on any of those machines."""
+        if self.hardware is None:
+            value, shown = self.measured()
+            return {
+                **self.text(),
+                "value": value,
+                "shown": shown,
+                "measured_on": machine(),
+                "classes": [],
+            }
+        classes = [self.class_record()] if classes is None else classes
+        order = list(self.hardware.classes)
+        classes = sorted(classes, key=lambda c: order.index(c["class"]))
+        values = [c["value"] for c in classes]
+        value = None if None in values else max(values)
+        shown = "; ".join(f"{c['class']}: {c['shown']}" for c in classes)
+        where = sorted({c["measured_on"] for c in classes})
+        return {
+            **self.text(),
+            "value": value,
+            "shown": shown,
+            "measured_on": " | ".join(where),
+            "classes": classes,
+        }
 
 
 REGISTRY: list[Divergence] = []
@@ -140,18 +267,39 @@ def entry(
     show: Callable[[float | None], str] = scientific,
     cost: str = "cheap",
     rtol: float = FLOAT64_RTOL,
+    depends_on: str | None = None,
+    hardware: Hardware | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function, which returns the value (or (value, note), the note
-    shown in parentheses after it), as a catalogue row; rows keep the order of definition."""
+    shown in parentheses after it), as a catalogue row; rows keep the order of definition.
+    `depends_on` defaults to the hardware's text, else to FORMULA for a float64 row and to
+    SUMMATION_ORDER for a rounding row (rtol ROUNDING_RTOL)."""
     if framework not in FRAMEWORK_NAMES:
         raise ValueError(f"{key}: framework {framework!r} is not one of {FRAMEWORK_NAMES}")
+    if depends_on is None:
+        if hardware is not None:
+            depends_on = hardware.depends_on
+        else:
+            depends_on = SUMMATION_ORDER if rtol == ROUNDING_RTOL else FORMULA
 
     def register(measure: Callable) -> Callable:
         if any(d.key == key for d in REGISTRY):
             raise ValueError(f"two catalogue entries are called {key!r}")
         REGISTRY.append(
             Divergence(
-                key, topic, framework, default, ours, effect, measure, needs, show, cost, rtol
+                key,
+                topic,
+                framework,
+                default,
+                ours,
+                effect,
+                measure,
+                needs,
+                show,
+                cost,
+                rtol,
+                depends_on,
+                hardware,
             )
         )
         return measure
@@ -363,7 +511,8 @@ FAST_VARIANCE_OURS = "`use_fast_variance=False`: E[(x − mean)²], `jax_impl/mo
     "max |Δ logits|, tiny preset, float32: every `nnx.LayerNorm` with the default formula",
     needs="jax",
     cost="slow",
-    rtol=ROUNDING_RTOL,
+    rtol=SIZE_RTOL,
+    depends_on="the CPU's summation order (XLA's float32 kernels): its size, within a factor 2",
 )
 def fast_variance_logits() -> float:
     from common.adapter.backends import get_backend
@@ -540,6 +689,7 @@ def masked_row_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     "`torch_impl/model.py` `explicit_attention`; " + MASKED_OURS,
     MASKED_EFFECT,
     needs="torch",
+    depends_on=EXACT,
 )
 def masked_row_softmax_torch() -> float:
     import torch
@@ -560,6 +710,7 @@ def masked_row_softmax_torch() -> float:
     MASKED_EFFECT,
     needs="torch",
     show=_uniform_or_scientific(MASKED_KEYS),
+    depends_on="the device: exact 0 on the CPU; CUDA kernels may give NaN (not measured here)",
 )
 def masked_row_sdpa_torch() -> float:
     import torch
@@ -579,6 +730,7 @@ def masked_row_sdpa_torch() -> float:
     MASKED_EFFECT,
     needs="jax",
     show=_uniform_or_scientific(MASKED_KEYS),
+    depends_on=EXACT,
 )
 def masked_row_jax() -> float:
     from common.adapter.backends import get_backend
@@ -601,6 +753,7 @@ def masked_row_jax() -> float:
     MASKED_EFFECT,
     needs="tf",
     show=_uniform_or_scientific(MASKED_KEYS),
+    depends_on=EXACT,
 )
 def masked_row_keras() -> float:
     from common.adapter.backends import get_backend
@@ -890,6 +1043,7 @@ TF32_EFFECT = (
     "`matmul_precision`",
     TF32_EFFECT,
     needs=None,
+    depends_on=TF32_GPU,
 )
 def tf32_jax() -> float:
     return tf32_emulated_effect()
@@ -903,6 +1057,7 @@ def tf32_jax() -> float:
     "off around every call, `tf_impl/model.py` `matmul_precision`",
     TF32_EFFECT,
     needs=None,
+    depends_on=TF32_GPU,
 )
 def tf32_tf() -> float:
     return tf32_emulated_effect()
@@ -933,6 +1088,68 @@ def _rounded_once(exact: np.ndarray) -> float:
     import ml_dtypes
 
     return max_abs_diff(exact.astype(ml_dtypes.bfloat16), exact)
+
+
+PRODUCT_SHAPE = (64, 512, 64)  # (m, inner, n): inner = the base model's d_model
+
+
+def bf16_operands() -> tuple[np.ndarray, np.ndarray]:
+    """Two standard-normal bfloat16 matrices (64 x 512, 512 x 64), seed 0."""
+    import ml_dtypes
+
+    m, inner, n = PRODUCT_SHAPE
+    rng = np.random.default_rng(0)
+    return (
+        rng.standard_normal((m, inner)).astype(ml_dtypes.bfloat16),
+        rng.standard_normal((inner, n)).astype(ml_dtypes.bfloat16),
+    )
+
+
+def truncated_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values cut to bfloat16 (their top 16 bits), as float32: truncation, not rounding."""
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def tf_bf16_kernels() -> str:
+    """Which of TF_BF16's classes this process's TensorFlow is in, from what `tf.matmul` does to
+    bf16_operands() on the CPU: "Eigen" when the result is the float32 product truncated to
+    bfloat16, "oneDNN" when it is within one rounding to nearest of the exact product, and
+    "other" for a kernel neither describes (no record can match it: measure it)."""
+    from common.adapter.backends import get_backend
+
+    get_backend("tf")
+    import tensorflow as tf
+
+    a, b = bf16_operands()
+    with tf.device("/CPU:0"):
+        got = tf.matmul(tf.constant(a), tf.constant(b)).numpy().astype(np.float32)
+    if np.array_equal(got, truncated_to_bf16(a.astype(np.float32) @ b.astype(np.float32))):
+        return "Eigen"
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    # One rounding to nearest of a float32 sum that is itself within 1e-6 relative of the exact
+    # product: never more than one bfloat16 rounding of the exact product, plus that 1e-6.
+    if max_abs_diff(got, exact) <= _rounded_once(exact) * (1 + 1e-6):
+        return "oneDNN"
+    return "other"
+
+
+TF_BF16 = Hardware(
+    depends_on=(
+        "the CPU: TensorFlow runs bfloat16 through oneDNN where oneDNN is on (its default on x86 "
+        "CPUs with AVX512-VNNI, AVX512-BF16 or AMX; `TF_ENABLE_ONEDNN_OPTS`) and the CPU has "
+        "AVX-512, else through Eigen"
+    ),
+    classes={
+        "oneDNN": "products accumulate in float32 and round to nearest once; softmax in float32",
+        "Eigen": "`tf.matmul` truncates its float32 result, `tf.einsum` sums in bfloat16, "
+        "softmax computes in bfloat16",
+    },
+    current=tf_bf16_kernels,
+    environments={
+        "oneDNN": {"TF_ENABLE_ONEDNN_OPTS": "1"},
+        "Eigen": {"TF_ENABLE_ONEDNN_OPTS": "0"},
+    },
+)
 
 
 SOFTMAX_EFFECT = (
@@ -970,11 +1187,13 @@ def bf16_softmax_jax() -> tuple[float, str]:
     "bf16_softmax_keras",
     "Softmax statistics in bfloat16",
     "Keras",
-    "`keras.ops.softmax` on bfloat16 scores computes in bfloat16 (TensorFlow, CPU)",
+    "`keras.ops.softmax` on bfloat16 scores (TensorFlow, CPU): in bfloat16 with Eigen, in "
+    "float32 with oneDNN",
     SOFTMAX_OURS + ", `tf_impl/model.py` `explicit_attention`",
     SOFTMAX_EFFECT,
     rtol=ROUNDING_RTOL,
     needs="tf",
+    hardware=TF_BF16,
 )
 def bf16_softmax_keras() -> tuple[float, str]:
     from common.adapter.backends import get_backend
@@ -987,21 +1206,6 @@ def bf16_softmax_keras() -> tuple[float, str]:
     got = ops.convert_to_numpy(ops.softmax(ops.convert_to_tensor(scores), axis=-1))
     return max_abs_diff(got.astype(np.float64), exact), (
         f"one rounding: {scientific(_rounded_once(exact))}"
-    )
-
-
-PRODUCT_SHAPE = (64, 512, 64)  # (m, inner, n): inner = the base model's d_model
-
-
-def bf16_operands() -> tuple[np.ndarray, np.ndarray]:
-    """Two standard-normal bfloat16 matrices (64 x 512, 512 x 64), seed 0."""
-    import ml_dtypes
-
-    m, inner, n = PRODUCT_SHAPE
-    rng = np.random.default_rng(0)
-    return (
-        rng.standard_normal((m, inner)).astype(ml_dtypes.bfloat16),
-        rng.standard_normal((inner, n)).astype(ml_dtypes.bfloat16),
     )
 
 
@@ -1024,12 +1228,13 @@ BF16_PRODUCT_EFFECT = (
     "bf16_matmul_tf",
     "bfloat16 products on CPU",
     "TensorFlow",
-    "`tf.matmul` on bfloat16 (CPU), where `keras.ops.einsum` sends the model's products: the "
-    "float32 result is truncated to bfloat16, not rounded to nearest",
-    "kept: within the bfloat16 bound (docs/PARITY.md)",
+    "`tf.matmul` on bfloat16 (CPU), where `keras.ops.einsum` sends the model's products: Eigen "
+    "truncates the float32 result to bfloat16, oneDNN rounds it to nearest",
+    "kept: within the bfloat16 bound (docs/PARITY.md) on either",
     BF16_PRODUCT_EFFECT + "; through `keras.ops.einsum`",
     rtol=ROUNDING_RTOL,
     needs="tf",
+    hardware=TF_BF16,
 )
 def bf16_matmul_tf() -> tuple[float, str]:
     from common.adapter.backends import get_backend
@@ -1049,11 +1254,13 @@ def bf16_matmul_tf() -> tuple[float, str]:
     "bf16_einsum_tf",
     "bfloat16 products on CPU",
     "TensorFlow",
-    "`tf.einsum` on bfloat16 (CPU): partial sums in bfloat16",
+    "`tf.einsum` on bfloat16 (CPU): Eigen sums the partial products in bfloat16; oneDNN as "
+    "its matmul",
     "not used: `keras.ops.einsum` sends the model's products to `tf.matmul`",
     BF16_PRODUCT_EFFECT + "; through `tf.einsum`",
     rtol=ROUNDING_RTOL,
     needs="tf",
+    hardware=TF_BF16,
 )
 def bf16_einsum_tf() -> tuple[float, str]:
     from common.adapter.backends import get_backend
@@ -1181,21 +1388,89 @@ def nn_transformer_fast_path() -> tuple[float, str]:
 # -- running, writing, reading, rendering ----------------------------------------------------------
 
 
-def measure_all(progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Every entry's record, in REGISTRY order. `progress` is told which one runs."""
+def measure_all(
+    progress: Callable[[str], None] | None = None, previous: list[dict] | None = None
+) -> list[dict]:
+    """Every entry's record, in REGISTRY order. `progress` is told which one runs.
+
+    A row that depends on the hardware is measured in this process's class and, in a child
+    process per other class, under that class's environment. A class that this machine cannot
+    reach keeps its record from `previous` (the catalogue as it was), with the machine that
+    measured it."""
+    say = progress or (lambda line: None)
+    elsewhere = _measure_other_classes(say)
+    earlier = {row["key"]: row for row in previous or []}
     records = []
     for i, divergence in enumerate(REGISTRY, 1):
-        if progress is not None:
-            progress(f"[{i}/{len(REGISTRY)}] {divergence.key}")
-        records.append(divergence.record())
+        say(f"[{i}/{len(REGISTRY)}] {divergence.key}")
+        hardware = divergence.hardware
+        if hardware is None:
+            records.append(divergence.record())
+            continue
+        here = divergence.class_record()
+        if here["class"] not in hardware.classes:
+            raise RuntimeError(
+                f"{divergence.key}: this machine is in class {here['class']!r}, which the "
+                f"catalogue does not describe (it knows {', '.join(hardware.classes)})"
+            )
+        classes = {here["class"]: here}
+        for name in hardware.classes:
+            if name in classes:
+                continue
+            kept = [
+                c for c in earlier.get(divergence.key, {}).get("classes", []) if c["class"] == name
+            ]
+            found = elsewhere.get((divergence.key, name)) or (kept[0] if kept else None)
+            if found is None:
+                say(f"  {divergence.key}: class {name} cannot be measured here and has no record")
+            else:
+                classes[name] = found
+        records.append(divergence.record(list(classes.values())))
     return records
+
+
+def measure_classes(keys: list[str], environment: dict[str, str]) -> list[dict]:
+    """The class records of the hardware-dependent entries `keys`, measured in a child process
+    whose environment adds `environment` (`python -m common.app.divergences --classes`): a
+    framework reads such switches once, when it is imported. The records say which class the
+    child was in, which need not be the one asked for."""
+    child = subprocess.run(
+        [sys.executable, "-m", "common.app.divergences", "--classes", ",".join(keys)],
+        env={**os.environ, **environment},
+        cwd=MEASUREMENTS.parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(
+            f"measuring {', '.join(keys)} under {environment} failed:\n{child.stderr}"
+        )
+    return json.loads(child.stdout)
+
+
+def _measure_other_classes(say: Callable[[str], None]) -> dict[tuple[str, str], dict]:
+    """(key, class) -> class record, for every hardware class that a child process under the
+    class's environment turns out to be in."""
+    found: dict[tuple[str, str], dict] = {}
+    hardware = {id(d.hardware): d.hardware for d in REGISTRY if d.hardware is not None}
+    for kind in hardware.values():
+        keys = [d.key for d in REGISTRY if d.hardware is kind]
+        for name, environment in kind.environments.items():
+            say(
+                f"  class {name} ({' '.join(f'{k}={v}' for k, v in environment.items())}): {', '.join(keys)}"
+            )
+            for record in measure_classes(keys, environment):
+                if record["class"] == name:
+                    found[(record["key"], name)] = {k: record[k] for k in CLASS_KEYS}
+    return found
 
 
 def write_measurements(
     path: Path = MEASUREMENTS, progress: Callable[[str], None] | None = None
 ) -> Path:
     """Measure every entry and write the records to `path` (docs/divergences.json), atomically."""
-    records = measure_all(progress)
+    records = measure_all(progress, previous=load_catalogue(path))
     text = json.dumps(records, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
@@ -1215,24 +1490,51 @@ def _cell(text: str) -> str:
 
 def catalogue_table(rows: list[dict] | None = None) -> str:
     """The catalogue as a markdown table, from `rows` (default: docs/divergences.json). The last
-    column is the measured number, then what it measures."""
+    column is the measured number (per hardware class where it depends on one), then what it
+    measures. Below the table: what each hardware class does, and the machines that measured."""
     rows = load_catalogue() if rows is None else rows
     lines = [
         "| " + " | ".join(heading for _, heading in TABLE_COLUMNS) + " |",
         "|---" * len(TABLE_COLUMNS) + "|",
     ]
     if not rows:
-        return "\n".join([*lines, f"| nothing measured yet: run `{MEASURE_COMMAND}` |||||"])
+        return "\n".join([*lines, f"| nothing measured yet: run `{MEASURE_COMMAND}` ||||||"])
     for row in rows:
         cells = [_cell(row[key]) for key, _ in TABLE_COLUMNS[:-1]]
         cells.append(f"**{_cell(row['shown'])}**: {_cell(row['effect'])}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *_table_notes(rows)])
 
 
-def _main() -> int:
+def _table_notes(rows: list[dict]) -> list[str]:
+    """The lines under the table: each hardware class that a row depends on, and each machine
+    that measured a number, with the rows it measured."""
+    notes = []
+    for kind in {id(d.hardware): d.hardware for d in REGISTRY if d.hardware is not None}.values():
+        for name, does in kind.classes.items():
+            notes.append(f"- **{name}**: {does}.")
+    machines: dict[str, list[str]] = {}
+    for row in rows:
+        for where in [c["measured_on"] for c in row["classes"]] or [row["measured_on"]]:
+            machines.setdefault(where, [])
+            if row["key"] not in machines[where]:
+                machines[where].append(row["key"])
+    for where, keys in machines.items():
+        which = "every row" if len(keys) == len(rows) else f"{len(keys)} rows"
+        notes.append(f"- Measured on {_cell(where)}: {which}.")
+    return notes
+
+
+def _main(argv: list[str]) -> int:
+    """No argument: measure every entry and write docs/divergences.json. `--classes K1,K2`:
+    print the class records of those hardware-dependent entries, measured in this process, as
+    JSON (what measure_classes runs in a child process)."""
     import time
 
+    if argv[:1] == ["--classes"] and len(argv) == 2:
+        by_key = {d.key: d for d in REGISTRY}
+        print(json.dumps([{"key": k, **by_key[k].class_record()} for k in argv[1].split(",")]))
+        return 0
     start = time.perf_counter()
     path = write_measurements(progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
@@ -1240,4 +1542,4 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    sys.exit(_main(sys.argv[1:]))

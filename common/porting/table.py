@@ -701,17 +701,24 @@ def from_canonical(
         if r.rule.computed is not None:
             continue
         value = np.asarray(tensors[r.spec.name])
-        block, axis = None, 0
-        for step in reversed(r.steps):
-            value = step.invert(value, r.spec)
+        # Inverted back to the split (a block); the steps before the split in the table's order
+        # (a squeeze, a transpose) act on the whole packed array: undone once the blocks are
+        # stacked, not on each block.
+        block, axis, before = None, 0, ()
+        for n in range(len(r.steps) - 1, -1, -1):
+            step = r.steps[n]
             if step.block is not None:
-                block, axis = step.block, step.block_axis
+                block, axis, before = step.block, step.block_axis, r.steps[:n]
+                break
+            value = step.invert(value, r.spec)
         if block is not None:
             blocks.setdefault(r.key, {})[block[0]] = value
             if len(blocks[r.key]) < block[1]:
                 continue
             parts = blocks.pop(r.key)
             value = np.concatenate([parts[k] for k in sorted(parts)], axis=axis)
+            for step in reversed(before):
+                value = step.invert(value, r.spec)
         if HEADS in r.key:
             for key, head in zip(_head_keys(r.key, c), np.split(value, c.num_heads), strict=True):
                 out[key] = np.ascontiguousarray(head)
