@@ -111,8 +111,49 @@ def test_a_half_checks_ids_against_the_vocabulary_it_reads():
     dec = dict(num_encoder_layers=0, share_embeddings=False, src_vocab_size=5)
     TransformerConfig(**dec, tgt_vocab_size=50, eos_id=20)  # valid: the source vocabulary unread
     assert problems_of(**dec, tgt_vocab_size=10, eos_id=20) == [
-        "eos_id: 20 is outside the vocabulary (size 10)"
+        "eos_id: 20 is outside the target vocabulary (size 10)"
     ]
+
+
+def test_bos_and_eos_are_the_decoders_and_pad_is_every_stacks():
+    """TensorFlow's older tutorial numbers each language's markers after its tokenizer:
+    start = vocab_size, end = vocab_size + 1, so the model's vocabularies are vocab_size + 2 and
+    the target's end id lies outside a smaller source vocabulary. bos_id and eos_id are the
+    decoder's (they start and end decoding): only the target vocabulary bounds them. pad_id is
+    read by both stacks: each vocabulary bounds it, and each problem names its stack."""
+    src_tokenizer, tgt_tokenizer = 40, 55  # the tutorial's tokenizer_pt / tokenizer_en sizes
+    config = TransformerConfig(
+        src_vocab_size=src_tokenizer + 2,
+        tgt_vocab_size=tgt_tokenizer + 2,
+        share_embeddings=False,
+        bos_id=tgt_tokenizer,
+        eos_id=tgt_tokenizer + 1,
+    )
+    assert config.eos_id == 56 >= config.src_vocab_size == 42
+    untied = dict(src_vocab_size=42, tgt_vocab_size=57, share_embeddings=False)
+    assert problems_of(**untied, bos_id=57, eos_id=56) == [
+        "bos_id: 57 is outside the target vocabulary (size 57)"
+    ]
+    assert problems_of(**untied, bos_id=55, eos_id=58) == [
+        "eos_id: 58 is outside the target vocabulary (size 57)"
+    ]
+    assert problems_of(**untied, bos_id=55, eos_id=56, pad_id=50) == [
+        "pad_id: 50 is outside the source vocabulary (size 42)"
+    ]
+    assert problems_of(**untied, bos_id=55, eos_id=56, pad_id=60) == [
+        "pad_id: 60 is outside the source vocabulary (size 42)",
+        "pad_id: 60 is outside the target vocabulary (size 57)",
+    ]
+    # A decoder-only model's pad_id is bounded by the target vocabulary alone.
+    TransformerConfig(
+        num_encoder_layers=0,
+        share_embeddings=False,
+        src_vocab_size=5,
+        pad_id=30,
+        tgt_vocab_size=50,
+        bos_id=31,
+        eos_id=32,
+    )
 
 
 def test_size_of_wrong_type():
@@ -156,7 +197,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_special_ids():
-    assert "pad_id: 50 is outside the vocabulary (size 48)" in problems_of(
+    assert "pad_id: 50 is outside the source vocabulary (size 48)" in problems_of(
         **{**preset("tiny").to_dict(), "pad_id": 50}
     )
     assert "eos_id: must differ from pad_id (both 0)" in problems_of(eos_id=0)

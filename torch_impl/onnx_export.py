@@ -130,8 +130,11 @@ def export_graph(
     device = next(model.parameters()).device
     batch = torch.export.Dim("batch", min=1)
     src_len = torch.export.Dim("src_len", min=1, max=c.max_len)
-    # The tracer's example: two rows, the second padded (sizes 0 and 1 would be specialised).
-    src = torch.full((2, 3), c.eos_id, dtype=torch.int64, device=device)
+    # The tracer's example: two rows, the second padded (sizes 0 and 1 would be specialised). Any
+    # source id other than the pad will do: the last one (eos_id is the target's, and may lie
+    # outside a smaller source vocabulary).
+    real = c.src_vocab_size - 1 if c.src_vocab_size - 1 != c.pad_id else 0
+    src = torch.full((2, 3), real, dtype=torch.int64, device=device)
     src[1, 1:] = c.pad_id
     if graph == "forward":
         wrapper: nn.Module = ForwardGraph(model, attention)

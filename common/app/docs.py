@@ -128,7 +128,10 @@ def metadata_table() -> str:
     lines.append(
         f'| `{META_VERSION}` | `"{FORMAT_VERSION}"` (this reader\'s version, a decimal string) |'
     )
-    lines.append(f"| `{META_CONFIG}` | the config as JSON: every field of `TransformerConfig` |")
+    lines.append(
+        f"| `{META_CONFIG}` | the config as JSON: every field of `TransformerConfig` as written (a "
+        "reader fills a field that an older file lacks with its default: the version rule) |"
+    )
     lines.append(f'| `{META_PRODUCER}` | who wrote the file, e.g. `"torch 2.13.0"` (informative) |')
     lines.append(
         f"| `{META_TASK}` | optional: the generated task (`common/app/tasks.py`) a trained model "
@@ -212,9 +215,14 @@ def native_names_table() -> str:
             torch_shape = "[" + ", ".join(_SYMBOLS.get(d, str(d)) for d in native_shape(spec)) + "]"
             if spec.role == "bias" and len(spec.shape) == 2:
                 torch_shape = "[h*d_k] (heads merged)"
+            elif spec.role == "kernel" and len(spec.shape) == 3:
+                # Written with h*d_k, not d_model: with key_dim set the two differ.
+                if spec.shape[0] == config.d_model:  # query/key/value: (d_model, h, d_k)
+                    torch_shape = "[h*d_k, d_model] (heads merged, transposed)"
+                else:  # output: (h, d_k, d_model)
+                    torch_shape = "[d_model, h*d_k] (heads merged, transposed)"
             elif spec.role == "kernel":
-                merged = " (heads merged, transposed)" if len(spec.shape) == 3 else " (transposed)"
-                torch_shape += merged
+                torch_shape += " (transposed)"
             rows[key] = [_template(names[label][spec.name]) for label in maps] + [torch_shape]
     header = "| canonical | " + " | ".join(maps) + " | torch shape |"
     lines = [header, "|---" * (len(maps) + 2) + "|"]

@@ -323,9 +323,9 @@ def validation_problems(c: TransformerConfig) -> list[str]:
             )
     for name in _ID_FIELDS:
         value = getattr(c, name)
-        vocabs = [c.tgt_vocab_size] if name == "bos_id" else vocab_sizes(c)
-        if value >= min(vocabs):
-            problems.append(f"{name}: {value} is outside the vocabulary (size {min(vocabs)})")
+        for stack, size in special_id_vocabularies(c, name):
+            if value >= size:
+                problems.append(f"{name}: {value} is outside the {stack} vocabulary (size {size})")
     if c.eos_id == c.pad_id:
         problems.append(f"eos_id: must differ from pad_id (both {c.eos_id})")
     # GPT-2's <|endoftext|> both starts and ends a text: a decoder-only model, which decodes from
@@ -335,15 +335,24 @@ def validation_problems(c: TransformerConfig) -> list[str]:
     return problems
 
 
-def vocab_sizes(c: TransformerConfig) -> list[int]:
-    """The vocabularies the model reads: the source's with an encoder, the target's with a decoder
-    (an encoder-only model's bos_id still indexes tgt_vocab_size, which it otherwise ignores)."""
-    used = [
-        v
-        for v, present in ((c.src_vocab_size, c.has_encoder), (c.tgt_vocab_size, c.has_decoder))
-        if present
+def special_id_vocabularies(c: TransformerConfig, name: str) -> list[tuple[str, int]]:
+    """(stack, vocabulary size) for each vocabulary that special id `name` must index
+    (docs/FORMAT.md, "Special ids"). bos_id and eos_id are the decoder's: the first input of
+    decoding and the token that ends it, so they index the target vocabulary only, whatever the
+    source's own markers are (TensorFlow's older tutorial numbers them vocab_size and
+    vocab_size + 1 of each language's tokenizer, so the target's end id may lie outside a smaller
+    source vocabulary). An encoder-only model keeps them there too, unused. pad_id is read by
+    every stack that the model has: each of those vocabularies."""
+    if name in ("bos_id", "eos_id"):
+        return [("target", c.tgt_vocab_size)]
+    stacks = (
+        ("source", c.src_vocab_size, c.has_encoder),
+        ("target", c.tgt_vocab_size, c.has_decoder),
+    )
+    return [(stack, size) for stack, size, present in stacks if present] or [
+        ("source", c.src_vocab_size),
+        ("target", c.tgt_vocab_size),
     ]
-    return used or [c.src_vocab_size, c.tgt_vocab_size]  # no stack at all: refused elsewhere
 
 
 def family_problems(c: TransformerConfig) -> list[str]:
