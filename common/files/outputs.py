@@ -288,6 +288,51 @@ def atomic_write(
         _remove_temp_folder(tmpdir)
 
 
+@contextlib.contextmanager
+def staged(path: str | os.PathLike) -> Iterator[Path]:
+    """A place to write `path` and do its post-write work (verification, metadata) before it
+    replaces anything: yields a path of the same name inside a temp folder `.NAME.XXXX.partial`
+    beside `path` (registered, so a signal removes it), removed on every exit. The caller writes
+    the staged file (or folder) there, checks it, and calls publish(stage, path) last. Until then
+    `path` is as it was: a signal, an error or a failed check during the work costs nothing that
+    was already there (docs/RELIABILITY.md, "Work after the write")."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        tmpdir = _make_temp_folder(folder, path.name)
+    except OSError as exc:
+        raise OutputError(f"cannot write in {shown(folder)}: {_reason(exc)}") from None
+    try:
+        yield Path(tmpdir) / path.name
+    finally:
+        _remove_temp_folder(tmpdir)
+
+
+def publish(stage: Path, path: Path) -> None:
+    """Move a staged file into place in one step (as atomic_write does), or a staged folder's
+    files: the folder itself when `path` does not exist yet, else file by file over the ones of
+    the same name (each rename whole). The catchable signals are held while it runs, so that a
+    signal lands before it (nothing replaced) or after it (all replaced)."""
+    held = set(CAUGHT_SIGNALS) | {signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        if stage.is_dir():
+            if not path.exists():
+                os.rename(stage, path)
+                _NEW.discard(os.path.abspath(path))
+            else:
+                for item in sorted(stage.iterdir()):
+                    os.chmod(item, _mode_for(path / item.name))
+                    os.replace(item, path / item.name)
+                _fsync_folder(path)
+        else:
+            os.chmod(stage, _mode_for(path))
+            _move_into_place(str(stage), path)
+        _fsync_folder(path.parent if str(path.parent) else Path("."))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _move_into_place(tmp: str, path: Path) -> None:
     """Rename `tmp` over `path` in one step; for a destination that was new when checked, link
     instead, which fails rather than replace a file that appeared meanwhile."""
@@ -343,18 +388,29 @@ _RECEIVED: list[int] = []
 def _on_signal(signum: int, _frame: object) -> None:
     _RECEIVED.append(signum)
     remove_pending()
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Interrupted(signum)
+
+
+def signal_received() -> int | None:
+    """The last signal _on_signal took, if any: a library that caught the exception it raised
+    (an import that fails with its own ImportError, an HDF5 callback) and raised its own error
+    instead still ends the command as that signal (the CLI's main)."""
+    return _RECEIVED[-1] if _RECEIVED else None
 
 
 @contextlib.contextmanager
 def signals_end_cleanly() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise Interrupted (after removing pending temp folders)
-    instead of killing the process on the spot, so that every `finally` runs. Only the main
+    instead of killing the process on the spot, so that every `finally` runs; SIGINT raises
+    KeyboardInterrupt as Python's own handler does, and is recorded like them. Only the main
     thread may set handlers; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _on_signal) for sig in CAUGHT_SIGNALS}
+    _RECEIVED.clear()  # one command's signals: signal_received() says nothing of an earlier one
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (*CAUGHT_SIGNALS, signal.SIGINT)}
     try:
         yield
     finally:

@@ -10,7 +10,6 @@ written through the backend registry, so this module imports no framework itself
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import numpy as np
 
 from common.adapter.backends import NATIVE_BACKENDS, get_backend
 from common.errors import RosettaError
-from common.files.outputs import check_free_space, check_output_file
+from common.files.outputs import check_free_space, check_output_file, publish, staged
 from common.files.safe_read import regular_file, shown
 from common.porting.verify import (
     PROBE_SHAPES,
@@ -54,7 +53,8 @@ TABLE_KINDS = (
     "mingpt",  # the decoder-only models of common/porting/gpt.py
     "nanogpt",
     "gpt2",
-    "seed-gpt",
+    "encoder-gpt",
+    "seed-gpt",  # encoder-gpt's first name (common/porting/gpt.py, KIND_ALIASES)
     "map",  # the user's own table: --map MAP.json
 )
 IMPORT_KINDS = ("nn-transformer", "marian", "bert", *TABLE_KINDS)
@@ -161,7 +161,7 @@ ORIGINS_PT = {
 ORIGINS_H5 = {
     "/mha/wq/vars/0": "tf-tutorial-v1",
     "/mha/query_dense/vars/0": "tf-tutorial-v2",
-    "/q_dense_layer/vars/0": "keras-prenorm",
+    "/layer/k_dense_layer/vars/0": "keras-prenorm",
 }
 
 
@@ -382,18 +382,19 @@ def convert(
     say = progress or (lambda _message: None)
     provenance = _provenance(src, from_kind)
     provenance.notes = list(notes)
-    made_folder = to_kind == "marian" and not dst.exists()
     if to_kind == "onnx":
         say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
-    write_destination(
-        dst,
-        to_kind,
-        model_config,
-        tensors,
-        producer=f"rosetta convert from {from_kind}",
-        onnx=_onnx_options(onnx),
-    )
-    try:
+    # Written, verified and stamped beside DST, then moved into place last: until then DST is as
+    # it was, whatever stops the work (a signal, an error, a verification that misses its bound).
+    with staged(dst) as stage:
+        write_destination(
+            stage,
+            to_kind,
+            model_config,
+            tensors,
+            producer=f"rosetta convert from {from_kind}",
+            onnx=_onnx_options(onnx),
+        )
         if verify is False:
             provenance.verify = {"not_run": "--no-verify"}
         elif allow_nonfinite and nonfinite_counts(tensors):
@@ -402,18 +403,17 @@ def convert(
             provenance.verify = {"not_run": why_not}
         else:
             say(f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes")
-            provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, dst))
+            provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, stage))
         if not provenance.passed:
             record = provenance.verify
+            kept = "left as it was" if dst.exists() else "not written"
             raise VerificationFailed(
                 f"verification failed: {difference_text(record)} "
                 f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
-                f"{shown(dst)} was removed"
+                f"{shown(dst)} was {kept}"
             )
-        _stamp(dst, to_kind, provenance)
-    except BaseException:
-        _remove_destination(dst, to_kind, made_folder)
-        raise
+        _stamp(stage, to_kind, provenance)
+        publish(stage, dst)
     first = next(iter(tensors.values()))
     return Converted(
         str(src),
@@ -472,18 +472,3 @@ def _stamp(dst: Path, to_kind: str, provenance: Provenance) -> None:
         from common.porting.onnx_file import add_labels
 
         add_labels(dst, {META_PROVENANCE: text})
-
-
-def _remove_destination(dst: Path, to_kind: str, made_folder: bool) -> None:
-    """Take back what this conversion wrote: the file, or a Marian folder's files (and the folder
-    when this conversion made it)."""
-    if to_kind != "marian":
-        dst.unlink(missing_ok=True)
-        return
-    from common.porting.marian import EXPORT_FILES
-
-    for name in EXPORT_FILES:
-        (dst / name).unlink(missing_ok=True)
-    if made_folder:
-        with contextlib.suppress(OSError):
-            dst.rmdir()

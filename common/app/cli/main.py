@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from common.app.cli.parity import add_parity
 from common.app.cli.train import add_train
 from common.app.cli.translate import add_translate
 from common.errors import RosettaError
-from common.files.outputs import Interrupted, shown, signals_end_cleanly
+from common.files.outputs import Interrupted, shown, signal_received, signals_end_cleanly
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,18 +82,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         return _fail("out of memory; try a smaller batch, length or model")
     except KeyboardInterrupt:
-        print("rosetta: interrupted", file=sys.stderr)
-        return 130
+        return _stopped(signal.SIGINT)
     except Interrupted as exc:
-        print(f"rosetta: stopped by {exc}; no partial file was left", file=sys.stderr)
-        return 128 + exc.signum
-    except OSError as exc:  # e.g. stdout on a full disk, or a write that the system refused
+        return _stopped(exc.signum)
+    except Exception as exc:
+        signum = signal_received()
+        if signum is not None:  # a library turned our signal into its own error (an ImportError)
+            return _stopped(signum)
+        if not isinstance(exc, OSError):
+            raise
+        # e.g. stdout on a full disk, or a write that the system refused
         _silence_stdout()
         where = shown(exc.filename) if exc.filename else "to standard output"
         return _fail(f"cannot write {where}: {exc.strerror or exc}")
     finally:
         if isinstance(sys.stdout, _StdoutThatMayClose):
             sys.stdout = sys.stdout.stream
+
+
+def _stopped(signum: int) -> int:
+    """One line for a command a signal stopped, and the shell's exit code for it (128 + N)."""
+    if signum == signal.SIGINT:
+        print("rosetta: interrupted", file=sys.stderr)
+        return 130
+    print(
+        f"rosetta: stopped by {signal.Signals(signum).name}; no partial file was left",
+        file=sys.stderr,
+    )
+    return 128 + signum
 
 
 MAX_MESSAGE_CHARS = 1000  # an error is one readable line, whatever the input it quotes
