@@ -9,45 +9,12 @@ oracle computes in (float64), times the number of models that hold them at once.
 
 from __future__ import annotations
 
-import os
-
-from common.errors import RosettaError
+from common.files.memory import GIB as GIB
+from common.files.memory import USABLE_FRACTION as USABLE_FRACTION
+from common.files.memory import ResourceError as ResourceError
+from common.files.memory import check_fits as check_fits
 from common.spec.config import TransformerConfig
 from common.spec.names import parameter_count
-
-GIB = 1 << 30
-# The share of the available memory a request may plan to use; the rest is the frameworks' own
-# (their runtimes, compiled code, allocator slack), which these estimates do not count.
-USABLE_FRACTION = 0.8
-
-
-class ResourceError(RosettaError):
-    """A request that needs more memory than this machine has available."""
-
-
-def available_memory() -> int:
-    """Bytes the kernel says a new allocation can take now (MemAvailable), else physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: let the allocator decide
-
-
-def check_fits(needed: int, what: str) -> None:
-    """Refuse `needed` bytes when they exceed the usable share of the available memory."""
-    limit = int(available_memory() * USABLE_FRACTION)
-    if needed > limit:
-        raise ResourceError(
-            f"{what} needs about {needed / GIB:,.1f} GiB of memory; this machine has "
-            f"{limit / GIB:,.1f} GiB to spare"
-        )
 
 
 def weights_bytes(config: TransformerConfig, itemsize: int = 8) -> int:

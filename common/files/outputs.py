@@ -161,12 +161,7 @@ def check_output_file(
                     f"{what}: {shown(path)} is also an input of this command; refusing to "
                     "overwrite what it reads (--force does not apply)"
                 )
-    for source in inputs:  # an input folder (a Marian model): nothing inside it is written
-        if Path(source).is_dir() and _inside(path, Path(source)):
-            raise OutputError(
-                f"{what}: {shown(path)} is inside the input folder {shown(source)}; refusing to "
-                "write into what this command reads"
-            )
+    refuse_inside_an_input(path, inputs, what)
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     probe_folder(target.parent if str(target.parent) else Path("."), what, target.name)
     if st is None:
@@ -174,6 +169,19 @@ def check_output_file(
     else:  # replacing it was asked for (--force)
         _NEW.discard(os.path.abspath(target))
     return target
+
+
+def refuse_inside_an_input(
+    path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], what: str
+) -> None:
+    """An input folder (a Marian or BERT model) is never written into: neither a file nor a
+    folder at or under it, whether that exists yet or not (links followed)."""
+    for source in inputs:
+        if source and Path(source).is_dir() and _inside(Path(path), Path(source)):
+            raise OutputError(
+                f"{what}: {shown(path)} is inside the input folder {shown(source)}; refusing to "
+                "write into what this command reads"
+            )
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -198,6 +206,8 @@ def check_output_folder(
     if not os.fspath(folder):
         raise OutputError(f"{what}: the folder name is empty")
     folder = Path(folder)
+    inputs = list(inputs)
+    refuse_inside_an_input(folder, inputs, what)  # also for a folder that does not exist yet
     st = _stat(folder, what)
     if st is None:
         ancestor = folder.absolute().parent
@@ -210,7 +220,6 @@ def check_output_folder(
         return folder
     if not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{what}: {shown(folder)} exists and is not a folder")
-    inputs = list(inputs)
     for name in names:
         check_output_file(folder / name, what=what, force=force, inputs=inputs)
     check_free_space(folder, needed, what)
@@ -297,7 +306,9 @@ def staged(path: str | os.PathLike) -> Iterator[Path]:
     `path` is as it was: a signal, an error or a failed check during the work costs nothing that
     was already there (docs/RELIABILITY.md, "Work after the write")."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.absolute().parent
+    while not folder.exists():  # a folder destination whose parents publish() will make
+        folder = folder.parent
     try:
         tmpdir = _make_temp_folder(folder, path.name)
     except OSError as exc:
@@ -318,6 +329,7 @@ def publish(stage: Path, path: Path) -> None:
     try:
         if stage.is_dir():
             if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(stage, path)
                 _NEW.discard(os.path.abspath(path))
             else:

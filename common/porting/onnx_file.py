@@ -20,6 +20,7 @@ import numpy as np
 
 from common.adapter.backends import get_backend, unavailable_reason
 from common.errors import RosettaError
+from common.files.memory import fits_problem
 from common.files.outputs import atomic_write
 from common.spec.config import TransformerConfig
 from common.spec.names import ONNX_GRAPHS, parameter_count
@@ -32,6 +33,18 @@ MAX_WEIGHT_BYTES = 2**31 - 2**24
 
 class OnnxExportError(RosettaError):
     """An export that cannot be made as asked."""
+
+
+# The most rows a cache of the exported graphs holds during the export and its verification: the
+# tracer's example (2 rows) and common/porting/verify.py's probes (at most 3).
+CACHE_ROWS = 3
+
+
+def cache_bytes(config: TransformerConfig, rows: int, steps: int) -> int:
+    """The decoding cache of `steps` positions for `rows` sequences: keys and values of every
+    decoder layer's self-attention, [rows, h, steps, d_k] each, at 8 bytes a number (the widest
+    dtype a side computes in)."""
+    return 2 * config.num_decoder_layers * rows * config.num_heads * steps * config.head_dim * 8
 
 
 def export_problems(
@@ -59,6 +72,12 @@ def export_problems(
                 f"--max-steps {max_steps}: the model's learned positions stop at max_len "
                 f"{config.max_len}"
             )
+        else:  # sinusoids go on past max_len: the cache's memory is the bound
+            problem = fits_problem(
+                cache_bytes(config, CACHE_ROWS, max_steps), f"--max-steps {max_steps}"
+            )
+            if problem is not None:
+                problems.append(f"{problem} (the decoding cache for {CACHE_ROWS} rows)")
     size = 4 * parameter_count(config)
     if size > MAX_WEIGHT_BYTES:
         problems.append(
