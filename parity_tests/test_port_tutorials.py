@@ -30,16 +30,18 @@ from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.fixtures import SIZES
 
-# Per fixture: its module, the framework it needs, the layer counts where they may differ, and
+# Per fixture: its module, the framework it needs, its sizes where they differ from SIZES, and
 # the special ids its text uses (Annotated: <s> 0, </s> 1, <blank> 2 as in its Multi30k
 # example; PyTorch tutorial: PAD 1, BOS 2, EOS 3; TensorFlow: [PAD] 0, [START] 2, [END] 3; the
-# Keras pre-norm model decodes from the pad id 0 and ends with 1).
+# Keras pre-norm model of seed text 004 names none: the table's defaults, BOS 1 and EOS 2, stand).
+# Seed text 004 has one vocab_size for both tables and a feed-forward 4 * hidden_dim wide.
+KERAS_PRENORM_SIZES = {"tgt_vocab_size": SIZES["src_vocab_size"], "d_ff": 4 * SIZES["d_model"]}
 FIXTURES = {
     "annotated": ("annotated_transformer", "torch", {}, {"pad_id": 2, "bos_id": 0, "eos_id": 1}),
     "pytorch-tutorial": ("torch_tutorial", "torch", {"num_decoder_layers": 1}, {}),
     "tf-tutorial-v1": ("tf_tutorial_v1", "tf", {}, {"bos_id": 2, "eos_id": 3}),
     "tf-tutorial-v2": ("tf_tutorial_v2", "tf", {}, {"bos_id": 2, "eos_id": 3}),
-    "keras-prenorm": ("keras_prenorm", "tf", {}, {"bos_id": 0, "eos_id": 1}),
+    "keras-prenorm": ("keras_prenorm", "tf", KERAS_PRENORM_SIZES, {}),
 }
 DTYPES = ("float32", "float64")
 GREEDY_STEPS = 6
@@ -171,8 +173,8 @@ def test_a_converted_model_decodes_the_fixtures_greedy_tokens(converted, kind):
     for row, tokens in enumerate(decoded.tokens):
         steps = min(len(tokens), GREEDY_STEPS)
         # After a generated pad id the texts part: tf-tutorial-v2's mask_zero masks the pad
-        # *query* too (its next token comes from an all-masked row), keras-prenorm does not mask
-        # the pad key; the spec masks the key only (docs/PORTING.md). Compared up to that token.
+        # *query* too (its next token comes from an all-masked row); the spec masks the key only
+        # (docs/PORTING.md). Compared up to that token.
         pads = np.flatnonzero(tokens[:steps] == c.pad_id)
         steps = int(pads[0]) + 1 if pads.size else steps
         assert tokens[:steps].tolist() == want[row, 1 : 1 + steps].tolist(), f"{kind} row {row}"

@@ -34,6 +34,7 @@ Nothing here imports a framework: sources arrive as {name: numpy array}.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -273,7 +274,8 @@ class Table:
     buffers: tuple[Buffer, ...] = ()
     constants: tuple[Constant, ...] = ()
     optional_prefix: str = ""  # {prefix}: this when any key starts with it, else ""
-    # An unexpected or wrong-shaped key -> one more line, said first (another kind's file).
+    # An unexpected or wrong-shaped key -> one more line, said first (another kind's file). A key
+    # with "*" is a pattern (fnmatch) that any unexpected key may match: a whole naming scheme.
     hints: Mapping[str, str] = field(default_factory=dict)
     tie_reason: str = "the table ties them"
 
@@ -603,7 +605,13 @@ def to_canonical(
                 problems.append(f"{copy} differs from {key}, but {table.tie_reason}")
     # The hints first: one often says what the whole file is (another kind's), and the lists
     # may be long enough for the message's length cap to cut.
-    problems[:0] = [h for key, h in table.hints.items() if key in unexpected or key in misshaped]
+    problems[:0] = [
+        h
+        for key, h in table.hints.items()
+        if key in unexpected
+        or key in misshaped
+        or ("*" in key and any(fnmatch.fnmatchcase(k, key) for k in unexpected))
+    ]
     if extra_problems is not None:
         problems += extra_problems(arrays)
     problems += buffer_problems(table, arrays, c, prefix)

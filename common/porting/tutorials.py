@@ -13,10 +13,12 @@
 - `tf-tutorial-v2`: the current TensorFlow tutorial ("Neural machine translation with a
   Transformer and Keras"): keras.layers.MultiHeadAttention with key_dim=d_model (heads d_model
   wide: key_dim), LayerNormalization's default eps 1e-3, concatenated sinusoids.
-- `keras-prenorm`: the Keras pre-norm Transformer in TensorFlow's official TF1 style (seed text
-  004): bias-free attention projections, its own LayerNormalization (scale, bias, eps 1e-6),
-  output_normalization on each stack, pad embeddings masked to zero (imported as a zero pad
-  row: the same function), an untied bias-free output Dense.
+- `keras-prenorm`: the Keras pre-norm Transformer of seed text 004 (its `Transformer` of an
+  `Encoder` and a `Decoder` of `ResidualNormalizationWrapper`s), as Keras 3's
+  `model.save_weights("x.weights.h5")` names it: bias-free attention projections, its own
+  LayerNormalization (eps 1e-6), output_normalization on each stack, pad embeddings masked to
+  zero (imported as a zero pad row: the same function), an untied bias-free output Dense; pad
+  keys masked in every attention, as the spec does. Keras 2's layouts are refused by name.
 
 What each text fixes is `fixed` (with why); what its text uses but a user may change (dropout,
 ids) is `defaults`; the heads, which no shape tells when the projections are [d, d], are `needs`.
@@ -393,57 +395,70 @@ TF_TUTORIAL_V2 = Table(
 )
 
 
+# The Keras pre-norm model of seed text 004, as its Transformer's `model.save_weights("x.weights.h5")`
+# names it in Keras 3. keras.saving walks each object's attributes in sorted order, then a Model's
+# `layers` property: a layer reached first through `layers` is stored as "layers/<class>{_n}",
+# numbered per class in creation order (a layer already stored still takes its number). So in
+# each Encoder and Decoder, `attention_block_list` (a list of per-hop lists, "container{_i}")
+# comes first, then `layers` claims `token_embedding`, `output_normalization`
+# ("layer_normalization") and the Decoder's unnamed output Dense ("dense"). In an attention,
+# `k_dense_layer` sorts before `layers` and keeps its name; q, v and output are the 1st, 3rd and
+# 4th Dense it creates: "layers/dense", "layers/dense_2", "layers/dense_3". In a
+# FeedForwardNetwork, `filter_dense_layer` keeps its name and its output Dense is
+# "layers/dense_1".
+_PRENORM_QKVO = {
+    "query": "layer/layers/dense",
+    "key": "layer/k_dense_layer",
+    "value": "layer/layers/dense_2",
+    "output": "layer/layers/dense_3",
+}
+_PRENORM_WRAPPER = "residual_normalization_wrapper"
+
+
 def _prenorm_rules() -> list[Rule]:
-    """The official model's stacks: `layers` is a list of [self-attention, (cross-attention,)
-    feed-forward] wrappers per layer, each a PrePostProcessingWrapper around `layer` with its
-    `layer_norm`; keras.saving names a list in a list "container{_i}"."""
+    """Each hop is a list of ResidualNormalizationWrappers (self-attention, (cross-attention,)
+    feed-forward), each with its wrapped `layer` and its `layer_normalization`."""
     out = [
-        # The embedding output is multiplied by (id != PAD): a zero pad row computes the same.
-        Rule("encoder.embedding", "encoder_embedding_layer/vars/0", ("zero_pad_row",)),
-        Rule("decoder.embedding", "decoder_embedding_layer/vars/0", ("zero_pad_row",)),
-        Rule("output.kernel", "final_layer/vars/0"),
+        # TokenEmbedding multiplies its output by (id != PAD_ID): a zero pad row computes the same.
+        Rule("encoder.embedding", "encoder/layers/token_embedding/vars/0", ("zero_pad_row",)),
+        Rule("decoder.embedding", "decoder/layers/token_embedding/vars/0", ("zero_pad_row",)),
+        Rule("output.kernel", "decoder/layers/dense/vars/0"),
     ]
-    names = {p: f"{p[0]}_dense_layer" for p in _QKVO if p != "output"} | {
-        "output": "output_dense_layer"
-    }
-    wrapper = "pre_post_processing_wrapper"
     for stack, attentions in (
         ("encoder", ("self_attention",)),
         ("decoder", ("self_attention", "cross_attention")),
     ):
-        layer, there = f"{stack}.layers.{{i}}", f"{stack}_stack/layers/container{{_i}}"
+        layer, there = f"{stack}.layers.{{i}}", f"{stack}/attention_block_list/container{{_i}}"
         for n, sublayer in enumerate((*attentions, "feed_forward")):
-            w = f"{there}/{wrapper}{'' if n == 0 else f'_{n}'}"
-            out += _norm_rules(f"{layer}.{sublayer}_norm", f"{w}/layer_norm", *KERAS_NORM)
+            w = f"{there}/{_PRENORM_WRAPPER}{'' if n == 0 else f'_{n}'}"
+            out += _norm_rules(f"{layer}.{sublayer}_norm", f"{w}/layer_normalization", *KERAS_NORM)
             if sublayer == "feed_forward":
-                ffn = f"{w}/layer"
+                ff = f"{layer}.feed_forward"
                 out += _dense_rules(
-                    f"{layer}.feed_forward.intermediate", f"{ffn}/filter_dense_layer", KERAS_DENSE
+                    f"{ff}.intermediate", f"{w}/layer/filter_dense_layer", KERAS_DENSE
                 )
-                out += _dense_rules(
-                    f"{layer}.feed_forward.output", f"{ffn}/output_dense_layer", KERAS_DENSE
-                )
+                out += _dense_rules(f"{ff}.output", f"{w}/layer/layers/dense_1", KERAS_DENSE)
                 continue
             for proj in _QKVO:  # no biases: only kernels, [d, d] -> [d, h, d_k]
-                out.append(
-                    Rule(
-                        f"{layer}.{sublayer}.{proj}.kernel",
-                        f"{w}/layer/{names[proj]}/vars/0",
-                        ("heads",),
-                    )
-                )
+                source = f"{w}/{_PRENORM_QKVO[proj]}/vars/0"
+                out.append(Rule(f"{layer}.{sublayer}.{proj}.kernel", source, ("heads",)))
         out += _norm_rules(
-            f"{stack}.final_norm", f"{stack}_stack/output_normalization", *KERAS_NORM
+            f"{stack}.final_norm", f"{stack}/layers/layer_normalization", *KERAS_NORM
         )
     return out
 
 
+_PRENORM_EMBEDDING = "encoder/layers/token_embedding/vars/0"
 _PRENORM_FFN = (
-    "encoder_stack/layers/container/pre_post_processing_wrapper_1/layer/filter_dense_layer"
+    f"encoder/attention_block_list/container/{_PRENORM_WRAPPER}_1/layer/filter_dense_layer"
+)
+_PRENORM_READS = (
+    "--from keras-prenorm reads what Keras 3's model.save_weights('x.weights.h5') writes for the "
+    "text's Transformer (encoder/layers/token_embedding/vars/0, ...)"
 )
 KERAS_PRENORM = Table(
     kind="keras-prenorm",
-    model="the Keras pre-norm Transformer",
+    model="the Keras pre-norm Transformer of seed text 004",
     rules=tuple(_prenorm_rules()),
     fixed={
         "norm_position": "pre",
@@ -461,26 +476,51 @@ KERAS_PRENORM = Table(
         "pad_id": 0,
     },
     why={
-        "norm_position": "the Keras pre-norm model computes x + dropout(layer(LN(x)))",
+        "norm_position": "the Keras pre-norm model's ResidualNormalizationWrapper computes "
+        "input + dropout(layer(LayerNormalization(input)))",
         "final_norm": "the Keras pre-norm model ends each stack with output_normalization",
+        "layer_norm_eps": "the Keras pre-norm model's LayerNormalization uses epsilon 1e-6",
         "attention_bias": "the Keras pre-norm model's q/k/v/output Dense layers have no bias",
         "output_bias": "the Keras pre-norm model's output Dense has no bias",
-        "pad_id": "the Keras pre-norm model masks token 0 as padding",
-        "sinusoid_layout": "sin(pos / 10000^(2 floor(i/2) / d) + (i mod 2) pi/2) is interleaved",
+        "pad_id": "the Keras pre-norm model masks PAD_ID 0 (pad keys, and the pad embedding)",
+        "sinusoid_layout": "its AddPositionalEncoding computes sin(pos / 10000^(2 floor(i/2) / d) "
+        "+ (i mod 2) pi/2): interleaved",
     },
-    # The official model's dropouts (layer_postprocess 0.1, attention 0.1) and max_length 256;
-    # it decodes from the pad id 0 and ends with EOS_ID 1.
-    defaults={"dropout": 0.1, "attention_dropout": 0.1, "max_len": 256, "bos_id": 0, "eos_id": 1},
+    # The text's dropout_rate 0.1 (also on the attention weights) and max_length 200 (unused by
+    # its positions, which any length computes). The text never names its BOS and EOS: 1 and 2
+    # are those of the code it follows (a tokenizer with pad 0, BOS 1, EOS 2, unk 3).
+    defaults={"dropout": 0.1, "attention_dropout": 0.1, "max_len": 200, "bos_id": 1, "eos_id": 2},
     needs=("num_heads",),
     sizes={
-        "src_vocab_size": ("encoder_embedding_layer/vars/0", 0),
-        "d_model": ("encoder_embedding_layer/vars/0", 1),
-        "tgt_vocab_size": ("decoder_embedding_layer/vars/0", 0),
+        "src_vocab_size": (_PRENORM_EMBEDDING, 0),
+        "d_model": (_PRENORM_EMBEDDING, 1),
+        "tgt_vocab_size": ("decoder/layers/token_embedding/vars/0", 0),
         "d_ff": (f"{_PRENORM_FFN}/vars/0", 1),
     },
     layer_counts={
-        "num_encoder_layers": "encoder_stack/layers/container{_i}/",
-        "num_decoder_layers": "decoder_stack/layers/container{_i}/",
+        "num_encoder_layers": "encoder/attention_block_list/container{_i}/",
+        "num_decoder_layers": "decoder/attention_block_list/container{_i}/",
+    },
+    hints={
+        # The names of this importer's earlier fixture (written from a description in the style
+        # of TensorFlow's official TF1 model, not from the text): never written by the text.
+        "encoder_embedding_layer/vars/0": "encoder_embedding_layer/vars/0: the names of a model "
+        "in the style of TensorFlow's official TF1 Transformer (encoder_stack/..., "
+        f"PrePostProcessingWrapper), which seed text 004's code does not write; {_PRENORM_READS}",
+        # Keras 2 (tf_keras) writes its .weights.h5 under layers/, the wrappers numbered across
+        # hops (2i and 2i + 1 in the encoder, 3i to 3i + 2 in the decoder); Keras 3's
+        # load_weights skips those lists (a warning) and keeps the fresh weights.
+        "layers/encoder/token_embedding/vars/0": "layers/encoder/token_embedding/vars/0: a Keras 2 "
+        "(tf_keras) .weights.h5, which numbers the wrappers across hops and which Keras 3 loads "
+        f"only in part; {_PRENORM_READS}: from Keras 2 save a legacy .h5 "
+        "(model.save_weights('x.h5')), load that into the model under Keras 3 and save it so",
+        # Keras 2's legacy HDF5 layout (tf.keras model.save_weights("x.h5")): each weight under
+        # its TensorFlow variable name, "encoder/transformer/encoder/hopping_0/.../kernel:0",
+        # with automatic numbers ("layer_normalization_13") that depend on the session. Keras 3's
+        # load_weights reads it into the text's model whole (checked on the logits).
+        "*:0": "a legacy Keras 2 / tf.keras .h5 (model.save_weights('x.h5'): TensorFlow variable "
+        f"names such as .../token_embedding/token_embedding:0); {_PRENORM_READS}: load it into "
+        "the model under Keras 3 (model.load_weights) and save it so",
     },
 )
 
