@@ -1,6 +1,7 @@
 """Importing the decoder-only models (common/porting/gpt.py): minGPT, nanoGPT (with and without
-biases), Hugging Face GPT-2 and the seed text's GPT. Each fixture is the model written fresh the
-way its text writes it (parity_tests/fixtures/mingpt.py, seed_gpt.py; GPT-2 is transformers' own
+biases), Hugging Face GPT-2, the GPT that seed text 000's blocks make, and seed text 002's encoder
+GPT. Each fixture is the model written fresh the way its text writes it
+(parity_tests/fixtures/mingpt.py, seed_000_gpt.py, seed_gpt.py; GPT-2 is transformers' own
 GPT2LMHeadModel built from a small GPT2Config), with random weights in which every bias and norm
 is drawn, saved as its users save it and imported with `rosetta convert --from KIND`.
 
@@ -16,7 +17,9 @@ reads it.
 Bounds (common/spec/tolerances.py): the float64 oracle on a float64 file within 1e-10 (both sides
 compute in float64; only summation order differs, ~1e-15 on these sizes), and each framework in
 float32 on a float32 file within 1e-5 (float32's unit roundoff 6e-8 over a few dozen operations on
-O(1) values, ~1e-6; the fixture's float64 run is the reference, so the gap is ours alone).
+O(1) values, ~1e-6; the fixture's float64 run is the reference, so the gap is ours alone). The
+two seed texts' models also run in each framework in float64 on the float64 file, within 1e-10.
+Measured (docs/PORTING.md has the table): ~1e-15 in float64 on every side, ~1e-6 in float32.
 """
 
 from __future__ import annotations
@@ -40,14 +43,17 @@ from parity_tests.fixtures import SIZES
 IDS = {"pad_id": 3, "bos_id": 4, "eos_id": 5}
 LAYERS = {**SIZES, "num_decoder_layers": 2}
 BLOCK_SIZE = 16  # block_size, n_positions: max_len
-# case -> (the --from kind, what --config gives). The seed GPT's file tells its heads.
+# case -> (the --from kind, what --config gives). The encoder GPT's file tells its heads. Seed
+# text 000's blocks are minGPT's, renamed and with an is_causal switch: read as --from mingpt.
 CASES = {
     "mingpt": ("mingpt", {"num_heads": 2, **IDS}),
+    "seed-000": ("mingpt", {"num_heads": 2, **IDS}),
     "nanogpt": ("nanogpt", {"num_heads": 2, **IDS}),
     "nanogpt-no-bias": ("nanogpt", {"num_heads": 2, **IDS}),
     "gpt2": ("gpt2", {"num_heads": 2, **IDS}),
-    "seed-gpt": ("seed-gpt", IDS),
+    "encoder-gpt": ("encoder-gpt", IDS),
 }
+SEEDS = ("seed-000", "encoder-gpt")  # the cases written from the seed texts' code
 DTYPES = ("float32", "float64")
 
 
@@ -110,14 +116,17 @@ def make_case(case: str):
     backend_or_skip("torch")
     import torch
 
-    from parity_tests.fixtures import mingpt, seed_gpt
+    from parity_tests.fixtures import mingpt, seed_000_gpt, seed_gpt
 
     def torch_save(model, folder: Path) -> Path:
         torch.save(model.state_dict(), folder / "model.pt")
         return folder / "model.pt"
 
-    if case == "seed-gpt":
+    if case == "encoder-gpt":
         return seed_gpt.make_model(LAYERS, seed=7), seed_gpt.forward, torch_save
+    if case == "seed-000":
+        model = seed_000_gpt.make_model(LAYERS, seed=7, block_size=BLOCK_SIZE)
+        return model, seed_000_gpt.forward, torch_save
     if case == "gpt2":
         pytest.importorskip("transformers")
 
@@ -216,36 +225,50 @@ def test_each_framework_matches_each_fixture_in_float32(imported, case, framewor
         assert diff <= atol_for("float32", wf.config), f"{case} in {framework}, {name}: {diff:.3g}"
 
 
+@pytest.mark.parametrize("framework", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", SEEDS)
+def test_each_framework_matches_the_seed_fixtures_in_float64(imported, case, framework):
+    """The seed texts' models in float64 in each framework, on the float64 file: the fixture's
+    float64 run is the reference, so the bound is float64's (measured: ~1e-15)."""
+    backend = backend_or_skip(framework)
+    model, fx_forward, wf = imported(case, "float64")
+    ours = backend.build(wf.config, wf.tensors, dtype="float64")
+    for name, (tokens, real) in batches(wf.config).items():
+        diff = gap(ours.forward(None, tokens).logits, fx_forward(model, tokens), real)
+        assert diff <= atol_for("float64"), f"{case} in {framework}, {name}: {diff:.3g}"
+
+
 # -- what each table reads and decides ----------------------------------------------------------
 
 
 def test_the_configs_are_what_each_text_fixes(imported):
-    """The sizes come from the shapes (minGPT's d_ff is its 4 * n_embd, GPT-2's n_inner, the seed
-    GPT's heads and d_k from its per-head Linears); the rest is the tables' fixed fields."""
+    """The sizes come from the shapes (minGPT's d_ff is its 4 * n_embd, GPT-2's n_inner, the
+    encoder GPT's heads and d_k from its per-head Linears); the rest is the tables' fixed fields."""
     configs = {case: imported(case, "float32")[2].config for case in CASES}
     for case, c in configs.items():
         assert (c.num_encoder_layers, c.num_decoder_layers) == (0, 2), case
         assert (c.tgt_vocab_size, c.d_model, c.num_heads, c.head_dim) == (29, 12, 2, 6), case
         assert (c.pad_id, c.bos_id, c.eos_id) == (3, 4, 5), case
         assert c.position_kind == "learned" and not c.scale_embeddings, case
-    for case in ("mingpt", "nanogpt", "nanogpt-no-bias", "gpt2"):
+    for case in ("mingpt", "seed-000", "nanogpt", "nanogpt-no-bias", "gpt2"):
         c = configs[case]
         assert (c.norm_position, c.final_norm, c.layer_norm_eps) == ("pre", True, 1e-5), case
         assert c.max_len == BLOCK_SIZE and not c.output_bias, case
-    assert configs["mingpt"].d_ff == 48 and configs["gpt2"].d_ff == 20
-    assert [configs[k].activation for k in ("mingpt", "nanogpt", "gpt2", "seed-gpt")] == [
+    assert configs["mingpt"].d_ff == configs["seed-000"].d_ff == 48 and configs["gpt2"].d_ff == 20
+    assert configs["seed-000"] == configs["mingpt"]
+    assert [configs[k].activation for k in ("mingpt", "nanogpt", "gpt2", "encoder-gpt")] == [
         "gelu_tanh",
         "gelu",
         "gelu_tanh",
         "relu",
     ]
-    assert [configs[k].tie_output for k in ("mingpt", "nanogpt", "gpt2", "seed-gpt")] == [
+    assert [configs[k].tie_output for k in ("mingpt", "nanogpt", "gpt2", "encoder-gpt")] == [
         False,
         True,
         True,
         False,
     ]
-    seed = configs["seed-gpt"]
+    seed = configs["encoder-gpt"]
     assert (seed.norm_position, seed.final_norm, seed.output_bias) == ("post", False, True)
     assert (seed.d_ff, seed.max_len, seed.key_dim) == (20, 512, None)
 
@@ -262,30 +285,90 @@ def test_nanogpt_without_biases_imports_zero_biases(imported):
     assert not any(".self_attention.query." in n and n.endswith("bias") for n in wf.tensors)
 
 
-def test_the_seed_gpts_positions_are_its_formula_not_the_papers(imported):
+def test_the_encoder_gpts_positions_are_its_formula_not_the_papers(imported):
     """pos / 1e4 ** (dim // dim_model): the integer division makes every frequency 1, so row pos
-    is (sin pos, cos pos, ...). The imported table is that formula to the last bit of float64,
-    equal to the text's own position_encoding (computed by torch in float64), and O(1) away
-    from the paper's sinusoid from position 1 on."""
-    import torch
-
+    is (sin pos, cos pos, ...). The imported table is that formula to the last bit of float64;
+    the text's own position_encoding computes it in float32, within one float32 ulp of 1 (2^-24:
+    sin and cos are at most 1, and torch's float32 sin/cos are within an ulp); it is O(1) away from
+    the paper's sinusoid from position 1 on."""
     from parity_tests.fixtures.seed_gpt import position_encoding
 
-    _, _, wf = imported("seed-gpt", "float64")
+    _, _, wf = imported("encoder-gpt", "float64")
     table = wf.tensors["decoder.position_embedding"]
     pos = np.arange(wf.config.max_len, dtype=np.float64)[:, None]
     want = np.tile(np.concatenate([np.sin(pos), np.cos(pos)], axis=1), (1, 6))
     np.testing.assert_array_equal(table, want)
-    text = position_encoding(wf.config.max_len, 12, dtype=torch.float64)[0].numpy()
-    assert np.abs(table - text).max() <= 4 * np.finfo(np.float64).eps
+    text = position_encoding(wf.config.max_len, 12)[0].numpy()
+    assert text.dtype == np.float32
+    assert np.abs(table - text).max() <= 2.0**-24
     paper = sinusoidal_positions(wf.config.max_len, 12)
     assert np.abs(table[0] - paper[0]).max() == 0  # sin 0 = 0, cos 0 = 1 in both
     assert np.abs(table[1:] - paper[1:]).max(axis=1).min() > 0.1
     # In a float32 file the table is the float64 one rounded once.
-    _, _, wf32 = imported("seed-gpt", "float32")
+    _, _, wf32 = imported("encoder-gpt", "float32")
     np.testing.assert_array_equal(
         wf32.tensors["decoder.position_embedding"], table.astype(np.float32)
     )
+
+
+def test_the_encoder_gpt_run_as_the_text_writes_it(imported):
+    """The fixture's reference runs the text's code in float32 as written, and in float64 with its
+    positions computed in float64 (seed_gpt.py says why). Run with the text's float32 positions,
+    the float64 model is off by the float32 rounding of its positions: more than float64's bound,
+    and within float32's."""
+    import torch
+
+    from parity_tests.fixtures import seed_gpt
+
+    model, _, wf = imported("encoder-gpt", "float64")
+    tokens, real = batches(wf.config)["full"]
+    src = torch.as_tensor(tokens, dtype=torch.long)
+    with torch.no_grad():  # the text's code as it stands: positions in float32
+        text = model(src, seed_gpt.causal_mask(src.size(1), torch.float64)).numpy()
+    assert seed_gpt.position_encoding is not seed_gpt._position_encoding_float64
+    want = oracle_forward(wf.tensors, wf.config, None, tokens).logits
+    diff = gap(text, want, real)
+    assert atol_for("float64") < diff <= atol_for("float32"), diff
+
+
+def test_seed_000s_blocks_are_mingpts(imported):
+    """The text's SelfAttention, NewGELU and Block (minGPT's, renamed and with is_causal) under
+    minGPT's GPT save exactly minGPT's keys and shapes, so --from mingpt reads them (the configs
+    of the two files' imports are equal: test_the_configs_are_what_each_text_fixes). With the same
+    draws, the two fixtures compute the same logits, in float32 and float64: measured bit for bit
+    (asserted within float64's bound)."""
+    from parity_tests.fixtures import mingpt, seed_000_gpt
+
+    seed, _, _ = make_case("seed-000")
+    ours, _, _ = make_case("mingpt")
+    assert {k: tuple(v.shape) for k, v in seed.state_dict().items()} == {
+        k: tuple(v.shape) for k, v in ours.state_dict().items()
+    }
+    assert sum(k.endswith(".attn.bias") for k in seed.state_dict()) == LAYERS["num_decoder_layers"]
+    tokens = batches(imported("seed-000", "float32")[2].config)["full"][0]
+    for a, b in ((seed, ours), (seed.double(), ours.double())):
+        diff = np.abs(seed_000_gpt.forward(a, tokens) - mingpt.forward(b, tokens)).max()
+        assert diff <= atol_for("float64"), diff
+
+
+def test_seed_000s_position_figure_is_not_eq_5():
+    """The text's get_positional_encoding (the code of its sin/cos figure, used by no model):
+    its row 0 is zeros (Eq. (5)'s has cos 0 = 1 at odd dims), and dim j's frequency is
+    10000^(-2j/d), its own index, where Eq. (5) gives dims 2i and 2i+1 the frequency
+    10000^(-2i/d). Only dim 0 agrees. The spec's sinusoids cannot express it: a model built on it
+    would be imported with it as a learned table."""
+    from parity_tests.fixtures.seed_000_gpt import get_positional_encoding
+
+    length, d = 100, 16  # the text's figure
+    text = get_positional_encoding(max_seq_len=length, embed_dim=d)
+    paper = sinusoidal_positions(length, d)
+    assert not text[0].any() and paper[0, 1::2].tolist() == [1.0] * (d // 2)
+    pos, j = np.arange(1, length)[:, None], np.arange(d)[None, :]
+    angle = pos / 10000.0 ** (2 * j / d)
+    want = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    assert np.abs(text[1:] - want).max() <= 1e-12  # rounding only: the same terms, in float64
+    np.testing.assert_array_equal(text[:, 0], paper[:, 0])
+    assert np.abs(text[1:, 1:] - paper[1:, 1:]).max() > 1.0
 
 
 def test_a_pad_id_inside_a_row_is_where_the_texts_and_the_spec_part(imported):
@@ -305,11 +388,11 @@ def test_a_pad_id_inside_a_row_is_where_the_texts_and_the_spec_part(imported):
 # -- the table engine's pieces ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["mingpt", "gpt2", "seed-gpt"])
+@pytest.mark.parametrize("case", ["mingpt", "gpt2", "encoder-gpt"])
 def test_the_way_back_gives_the_files_own_arrays(imported, case, tmp_path):
     """from_canonical inverts every step, so each fused or per-head source comes back bit for bit:
     minGPT's c_attn [3d, d] (split along rows), GPT-2's Conv1D c_attn [d, 3d] (`columns`, along
-    axis 1), the seed GPT's heads.{h}.q/k/v (one key per head)."""
+    axis 1), the encoder GPT's heads.{h}.q/k/v (one key per head) and its out.weight."""
     from common.porting.gpt import TABLES
     from common.porting.sources import read_source_tensors
     from common.porting.table import from_canonical
@@ -409,16 +492,17 @@ def test_a_cli_round_with_mingpt(imported, tmp_path, capsys):
     [
         (
             "gpt2",
-            "seed-gpt",
+            "encoder-gpt",
             IDS,
             "transformer.* and lm_head.weight are minGPT's, nanoGPT's or GPT-2's keys: give "
             "--from mingpt, nanogpt or gpt2",
         ),
         (
-            "seed-gpt",
+            "encoder-gpt",
             "mingpt",
             CASES["mingpt"][1],
-            "embedding.weight and encoder.layers.* are the seed GPT's keys: give --from seed-gpt",
+            "embedding.weight and encoder.layers.* are the encoder GPT's keys (a GPT of "
+            "embedding, encoder, out): give --from encoder-gpt",
         ),
         (
             "gpt2",
@@ -471,3 +555,66 @@ def test_a_wrong_kind_or_config_is_one_line_exit_2(tmp_path, capsys, source, kin
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not out.exists()
+
+
+# -- the encoder GPT's names ----------------------------------------------------------------------
+
+
+def test_seed_gpt_is_the_encoder_gpts_other_name(imported, tmp_path):
+    """--from seed-gpt, the kind's first name, reads the same file to the same tensors and config."""
+    _, _, wf = imported("encoder-gpt", "float32")
+    (tmp_path / "given.json").write_text(json.dumps(IDS))
+    out = tmp_path / "alias.safetensors"
+    src = saved("encoder-gpt", tmp_path)
+    assert run_convert("--from", "seed-gpt", src, out, "--config", tmp_path / "given.json") == 0
+    again = load_weights(out)
+    assert again.config == wf.config and set(again.tensors) == set(wf.tensors)
+    for name, value in again.tensors.items():
+        np.testing.assert_array_equal(value, wf.tensors[name], err_msg=name)
+
+
+def test_an_output_named_linear_is_refused_saying_the_texts_name(tmp_path, capsys):
+    """The text names its output layer `out` (self.out = nn.Linear(dim_model, n_vocab)). A file
+    whose output is `linear.*` (what this project's earlier fixture saved, renamed from the
+    text) is refused, not read: no code of the text saves it, and the hint says which name the
+    text's file holds. One line, exit 2, nothing written."""
+    import torch
+
+    state = make_case("encoder-gpt")[0].state_dict()
+    state = {
+        k.replace("out.", "linear.", 1) if k.startswith("out.") else k: v for k, v in state.items()
+    }
+    assert {"linear.weight", "linear.bias"} <= set(state) and "out.weight" not in state
+    torch.save(state, tmp_path / "renamed.pt")
+    (tmp_path / "given.json").write_text(json.dumps(IDS))
+    out = tmp_path / "x.safetensors"
+    capsys.readouterr()
+    code = run_convert(
+        "--from", "encoder-gpt", tmp_path / "renamed.pt", out, "--config", tmp_path / "given.json"
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.count("its output layer is `out` (self.out = nn.Linear(dim_model, n_vocab))") == 1
+    assert "missing tensors (2): out.weight, out.bias" in err
+    assert "unexpected tensors (2): linear.bias, linear.weight" in err
+    assert not out.exists()
+
+
+def test_the_encoder_gpts_floored_head_size_is_read(tmp_path):
+    """The text's dim_k = dim_v = dim_model // num_heads floors: 5 heads on d_model 12 are 5
+    heads of 2, concatenated to 10 features that `linear` maps back to 12. The file tells both
+    (key_dim 2, h d_k != d_model), and the oracle matches the fixture in float64."""
+    from parity_tests.fixtures import seed_gpt
+
+    model = seed_gpt.make_model({**LAYERS, "num_heads": 5}, seed=7).double()
+    seed_gpt.save(model, tmp_path / "model.pt")
+    (tmp_path / "given.json").write_text(json.dumps(IDS))
+    out = tmp_path / "model.safetensors"
+    given = ("--config", tmp_path / "given.json")
+    assert run_convert("--from", "encoder-gpt", tmp_path / "model.pt", out, *given) == 0
+    wf = load_weights(out)
+    assert (wf.config.num_heads, wf.config.key_dim, wf.config.d_model) == (5, 2, 12)
+    for name, (tokens, real) in batches(wf.config).items():
+        got = oracle_forward(wf.tensors, wf.config, None, tokens).logits
+        diff = gap(got, seed_gpt.forward(model, tokens), real)
+        assert diff <= atol_for("float64"), f"{name}: {diff:.3g}"

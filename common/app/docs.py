@@ -409,7 +409,7 @@ PORTING_GENERATORS: dict[str, Callable[[], str]] = {
             "mingpt",
             "nanogpt",
             "gpt2",
-            "seed-gpt",
+            "encoder-gpt",
         )
     },
 }

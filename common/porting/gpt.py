@@ -1,11 +1,13 @@
 """The importers of decoder-only language models (GPT; `num_encoder_layers` 0), each a `Table`
 (common/porting/table.py) of data:
 
-- `mingpt`: Karpathy's minGPT (`mingpt/model.py`, seed text 000): `transformer.wte`/`wpe`, blocks
+- `mingpt`: Karpathy's minGPT (`mingpt/model.py`): `transformer.wte`/`wpe`, blocks
   `transformer.h.{i}` with `ln_1`, `attn.c_attn` (q, k, v packed in one nn.Linear [3d, d]),
   `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj` with NewGELU (the tanh GELU), `transformer.ln_f`,
   and `lm_head`, its own bias-free nn.Linear (minGPT does not tie it). Each block's causal mask is
-  a persistent buffer, `attn.bias`: checked, then dropped.
+  a persistent buffer, `attn.bias`: checked, then dropped. Seed text 000 quotes minGPT's
+  attention (as `SelfAttention`, with an `is_causal` switch), NewGELU and Block: the same modules
+  and so the same keys, read by this table.
 - `nanogpt`: nanoGPT (`model.py`), the same keys, but nn.GELU (the exact, erf GELU), `lm_head`
   tied to `wte`, and `GPTConfig(bias=False)` for models without biases. Compiled models save
   their keys under `_orig_mod.`, which is read as an optional prefix.
@@ -13,12 +15,13 @@
   prefix): Conv1D layers store their weights [in, out] (c_attn [d, 3d]), `lm_head` is tied to
   `wte`, gelu_new is the tanh GELU. Older transformers saved `attn.bias` (the causal mask) and
   `attn.masked_bias` (-1e4): checked, then dropped.
-- `seed-gpt`: the "GPT" of seed text 002: an encoder stack of the "Transformers from Scratch"
-  style (one `AttentionHead` module per head, each with its own q, k, v nn.Linear; `Residual`
-  post-norm wrappers; a `feed_forward` Sequential) run with a causal mask added to the scores,
-  under an unscaled nn.Embedding and an untied output nn.Linear with a bias. Its positions are
-  computed, never stored, by `pos / 1e4 ** (dim // dim_model)`: `SEED_GPT_POSITIONS` says why
-  that is not the paper's sinusoid and how it is imported.
+- `encoder-gpt` (alias `seed-gpt`): the `GPT` of seed text 002, "embedding, encoder, out": an
+  `nn.Embedding`, a `TransformerEncoder` of the "Transformers from Scratch" style (one
+  `AttentionHead` module per head, each with its own q, k, v nn.Linear; post-norm `Residual` and
+  `Residual_ffn` wrappers; a `feed_forward` Sequential) run with a causal mask added to the
+  scores, and `out`, an untied nn.Linear with a bias. Its positions are computed, never stored, by
+  `pos / 1e4 ** (dim // dim_model)`: `ENCODER_GPT_POSITIONS` says why that is not the paper's
+  sinusoid and how it is imported.
 
 None of these models masks anything by token id, and none has a pad, start or end token that its
 weights tell, while the spec masks the keys that hold `pad_id`: `pad_id`, `bos_id` and `eos_id`
@@ -123,8 +126,8 @@ def _gpt_sizes(root: str, conv1d: bool) -> dict[str, tuple[str, int]]:
 
 
 _WRONG_KIND = {
-    "embedding.weight": "embedding.weight and encoder.layers.* are the seed GPT's keys: give "
-    "--from seed-gpt",
+    "embedding.weight": "embedding.weight and encoder.layers.* are the encoder GPT's keys (a GPT "
+    "of embedding, encoder, out): give --from encoder-gpt",
 }
 # minGPT's and GPT-2's files share every key; c_attn's layout tells them apart.
 _C_ATTN = "transformer.h.0.attn.c_attn.weight"
@@ -238,14 +241,14 @@ GPT2 = Table(
 )
 
 
-# -- the seed text's GPT ---------------------------------------------------------------------------
+# -- the encoder GPT (seed text 002) ------------------------------------------------------------
 
 
-def seed_gpt_positions(spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
-    """The seed GPT's position table, [max_len, d_model], as its `position_encoding` computes it:
-    `phase = pos / 1e4 ** (dim // dim_model)`, then sin(phase) at even dims and cos(phase) at odd
-    ones. `dim // dim_model` is 0 for every dim < dim_model, so every frequency is 1: row pos is
-    (sin pos, cos pos, sin pos, cos pos, ...). The paper's Eq. (5) divides 2i by d_model; this
+def encoder_gpt_positions(spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
+    """The encoder GPT's position table, [max_len, d_model], as its `position_encoding` computes
+    it: `phase = pos / 1e4 ** (dim // dim_model)`, then sin(phase) at even dims and cos(phase) at
+    odd ones. `dim // dim_model` is 0 for every dim < dim_model, so every frequency is 1: row pos
+    is (sin pos, cos pos, sin pos, cos pos, ...). The paper's Eq. (5) divides 2i by d_model; this
     formula divides with `//`, and we reproduce it as written, not as meant."""
     length, d_model = spec.shape
     pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
@@ -254,32 +257,34 @@ def seed_gpt_positions(spec: TensorSpec, c: TransformerConfig) -> np.ndarray:
     return np.where(dim % 2 == 0, np.sin(phase), np.cos(phase))
 
 
-SEED_GPT_POSITIONS = Computed(
+ENCODER_GPT_POSITIONS = Computed(
     "computed: the text's pos / 1e4 ** (dim // dim_model), sin at even and cos at odd dims; "
     "// makes every frequency 1 (not the paper's sinusoid)",
-    seed_gpt_positions,
+    encoder_gpt_positions,
 )
 
 
-def _seed_gpt_rules() -> list[Rule]:
+def _encoder_gpt_rules() -> list[Rule]:
     out = [
         Rule("decoder.embedding", "embedding.weight"),
-        Rule("decoder.position_embedding", "", computed=SEED_GPT_POSITIONS),
-        Rule("output.kernel", "linear.weight", ("transpose",)),
-        Rule("output.bias", "linear.bias"),
+        Rule("decoder.position_embedding", "", computed=ENCODER_GPT_POSITIONS),
+        # self.out = nn.Linear(dim_model, n_vocab)
+        Rule("output.kernel", "out.weight", ("transpose",)),
+        Rule("output.bias", "out.bias"),
     ]
     layer, there = "decoder.layers.{i}", "encoder.layers.{i}"
-    # Residual(sublayer, dimension): LayerNorm(x + dropout(sublayer(x))), post-norm.
+    # Residual(sublayer, dimension): LayerNorm(x + dropout(sublayer(x, x, x, mask))), post-norm.
     attention, mha = f"{layer}.self_attention", f"{there}.attention.sublayer"
     for proj, linear in zip(_QKV, ("q", "k", "v"), strict=True):
-        # heads.{h}.q is head h's own nn.Linear(d_model, d_k); the heads' outputs are
+        # heads.{h}.q is head h's own nn.Linear(dim_model, dim_k); the heads' outputs are
         # concatenated in order, so the stacked weights are one [h d_k, d_model] Linear.
         head = f"{mha}.heads.{{h}}.{linear}"
         out.append(Rule(f"{attention}.{proj}.kernel", f"{head}.weight", ("transpose", "heads")))
         out.append(Rule(f"{attention}.{proj}.bias", f"{head}.bias", ("heads",)))
     out.append(Rule(f"{attention}.output.kernel", f"{mha}.linear.weight", ("transpose", "heads")))
     out.append(Rule(f"{attention}.output.bias", f"{mha}.linear.bias"))
-    # feed_forward(dim_input, dim_feedforward): Sequential(Linear, ReLU, Linear), so 0 and 2.
+    # Residual_ffn(feed_forward(dim_model, dim_feedforward), dimension): the same post-norm;
+    # feed_forward is Sequential(Linear, ReLU, Linear), so 0 and 2.
     ff = f"{there}.feed_forward.sublayer"
     for canonical, index in (("intermediate", 0), ("output", 2)):
         out.append(
@@ -295,11 +300,17 @@ def _seed_gpt_rules() -> list[Rule]:
     return out
 
 
-_SEED_Q = "encoder.layers.0.attention.sublayer.heads.0.q.weight"
-SEED_GPT = Table(
-    kind="seed-gpt",
-    model="the seed text's GPT",
-    rules=tuple(_seed_gpt_rules()),
+_ENCODER_GPT_Q = "encoder.layers.0.attention.sublayer.heads.0.q.weight"
+# The output layer under another name than the text's: said first, with the fix.
+_NOT_OUT = (
+    "linear.weight and linear.bias are not the encoder GPT's: its output layer is `out` "
+    "(self.out = nn.Linear(dim_model, n_vocab)); a file saved from the text's code holds out.weight "
+    "and out.bias"
+)
+ENCODER_GPT = Table(
+    kind="encoder-gpt",
+    model="the encoder GPT",
+    rules=tuple(_encoder_gpt_rules()),
     fixed={
         "num_encoder_layers": 0,
         "norm_position": "post",
@@ -315,16 +326,20 @@ SEED_GPT = Table(
         "attention_bias": True,
     },
     why={
-        "num_encoder_layers": "the seed GPT is one causal stack (an encoder run with a causal "
-        "mask): decoder-only",
-        "norm_position": "the seed GPT's Residual is post-norm: LayerNorm(x + dropout(sublayer(x)))",
-        "final_norm": "the seed GPT's encoder ends without a LayerNorm",
-        "layer_norm_eps": "the seed GPT's nn.LayerNorm keeps torch's default eps, 1e-5",
-        "position_kind": "the seed GPT's positions, pos / 1e4 ** (dim // dim_model), are not the "
-        "paper's sinusoid: they are imported as a learned table computed from that formula",
-        "scale_embeddings": "the seed GPT adds its positions to nn.Embedding's output unscaled",
-        "tie_output": "the seed GPT's output is its own nn.Linear",
-        "output_bias": "the seed GPT's output nn.Linear has a bias",
+        "num_encoder_layers": "the encoder GPT is one causal stack (its TransformerEncoder run "
+        "with a causal mask): decoder-only",
+        "norm_position": "the encoder GPT's Residual and Residual_ffn are post-norm: "
+        "norm(x + dropout(sublayer(x)))",
+        "final_norm": "the encoder GPT's TransformerEncoder ends without a LayerNorm",
+        "norm_kind": "the encoder GPT's norms are nn.LayerNorm",
+        "layer_norm_eps": "the encoder GPT's nn.LayerNorm keeps torch's default eps, 1e-5",
+        "activation": "the encoder GPT's feed_forward is Linear, nn.ReLU(), Linear",
+        "position_kind": "the encoder GPT's positions, pos / 1e4 ** (dim // dim_model), are not "
+        "the paper's sinusoid: they are imported as a learned table computed from that formula",
+        "scale_embeddings": "the encoder GPT adds its positions to nn.Embedding's output unscaled",
+        "tie_output": "the encoder GPT's out is its own nn.Linear",
+        "output_bias": "the encoder GPT's out nn.Linear has a bias",
+        "attention_bias": "the encoder GPT's q, k, v and linear are nn.Linear with a bias",
     },
     # Its dropout (on the sublayer outputs only; none on the attention probabilities). Its
     # positions are computed for any length: max_len is how many rows the imported table has.
@@ -335,17 +350,23 @@ SEED_GPT = Table(
         "tgt_vocab_size": ("embedding.weight", 0),
         "d_model": ("embedding.weight", 1),
         "d_ff": ("encoder.layers.0.feed_forward.sublayer.0.weight", 0),
-        "key_dim": (_SEED_Q, 0),  # dim_q = dim_k = dim_model // num_heads in the text
+        "key_dim": (_ENCODER_GPT_Q, 0),  # dim_k = dim_v = dim_model // num_heads in the text
     },
     layer_counts={
         "num_decoder_layers": "encoder.layers.{i}.",
         "num_heads": "encoder.layers.0.attention.sublayer.heads.{i}.",
     },
     hints={
-        key: "transformer.* and lm_head.weight are minGPT's, nanoGPT's or GPT-2's keys: give "
-        "--from mingpt, nanogpt or gpt2"
-        for key in ("transformer.wte.weight", "wte.weight", "_orig_mod.transformer.wte.weight")
+        **{
+            key: "transformer.* and lm_head.weight are minGPT's, nanoGPT's or GPT-2's keys: give "
+            "--from mingpt, nanogpt or gpt2"
+            for key in ("transformer.wte.weight", "wte.weight", "_orig_mod.transformer.wte.weight")
+        },
+        "linear.weight": _NOT_OUT,  # once: linear.bias comes with it
     },
 )
 
-TABLES: dict[str, Table] = {t.kind: t for t in (MINGPT, NANOGPT, GPT2, SEED_GPT)}
+# Other names a kind is given by: seed-gpt, this table's first name.
+KIND_ALIASES = {"seed-gpt": "encoder-gpt"}
+_BY_KIND = {t.kind: t for t in (MINGPT, NANOGPT, GPT2, ENCODER_GPT)}
+TABLES: dict[str, Table] = {**_BY_KIND, **{a: _BY_KIND[k] for a, k in KIND_ALIASES.items()}}
