@@ -10,6 +10,9 @@ shares it. Signals during verification: test_reliability_post_write.py.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from common.app.cli.main import main
@@ -109,3 +112,119 @@ def test_learned_positions_bound_max_steps_by_max_len(capsys, tmp_path):
          "--max-steps", str(max_len + 1)]
     )  # fmt: skip
     refused(code, capsys.readouterr().err, f"learned positions stop at max_len {max_len}")
+
+
+# -- every .h5 goes through one HDF5 reader ------------------------------------------------------
+
+OUTSIDE = "datasets stored outside the file, which are never read"
+
+
+def store_one_dataset_outside(src: Path, dst: Path, how: str) -> str:
+    """Copy HDF5 file `src` to `dst`, its largest dataset's bytes kept in another file: raw bytes
+    by external storage, or a virtual dataset over another HDF5 file. Returns that dataset's
+    path. The file is otherwise what its kind's code wrote, so only this can refuse it."""
+    import h5py
+
+    with h5py.File(src, "r") as f:
+        arrays = {}
+        f.visititems(
+            lambda n, d: arrays.__setitem__(n, d[()]) if isinstance(d, h5py.Dataset) else None
+        )
+    name = max(arrays, key=lambda n: arrays[n].size)
+    with h5py.File(dst, "w") as out:
+        for key, value in arrays.items():
+            if key != name:
+                out.create_dataset(key, data=value)
+            elif how == "external":
+                raw = dst.with_name("secret.bin")
+                raw.write_bytes(value.tobytes())
+                out.create_dataset(key, shape=value.shape, dtype=value.dtype,
+                                   external=[(str(raw), 0, value.nbytes)])  # fmt: skip
+            else:
+                other = dst.with_name("other.h5")
+                with h5py.File(other, "w") as o:
+                    o.create_dataset("data", data=value)
+                layout = h5py.VirtualLayout(shape=value.shape, dtype=value.dtype)
+                layout[...] = h5py.VirtualSource(str(other), "data", shape=value.shape)
+                out.create_virtual_dataset(key, layout)
+    return name
+
+
+def keras_sources(tmp_path: Path) -> dict[str, tuple[Path, dict]]:
+    """{kind: (a .weights.h5 its own code wrote, the config fields convert needs)}."""
+    import importlib
+
+    from common.spec.config import preset
+    from common.weights.init import init_weights
+    from parity_tests.test_port_tutorials import FIXTURES, sizes_of
+
+    tf = backend_or_skip("tf")
+    out = {}
+    config = preset("tiny")
+    path = tmp_path / "native.weights.h5"
+    tf.save_native(path, config, init_weights(config, seed=0, dtype="float32"))
+    out["keras"] = (path, config.to_dict())
+    for kind in ("tf-tutorial-v1", "tf-tutorial-v2", "keras-prenorm"):
+        module, _, _, ids = FIXTURES[kind]
+        fx = importlib.import_module(f"parity_tests.fixtures.{module}")
+        sizes = sizes_of(kind)
+        path = tmp_path / f"{kind}{fx.SUFFIX}"
+        fx.save(fx.make_model(sizes, seed=5, dtype="float32"), path)
+        out[kind] = (path, {"num_heads": sizes["num_heads"], **ids})
+    return out
+
+
+@pytest.mark.parametrize("how", ["external", "virtual"])
+def test_no_h5_importer_reads_a_dataset_stored_outside_its_file(capsys, tmp_path, how):
+    """Every kind that reads a .weights.h5 (Keras's own, the two TensorFlow tutorials, the Keras
+    pre-norm model) refuses the file by name before anything is written; the tutorial path read
+    the outside bytes into the written weights before (issue 29)."""
+    import json
+
+    for kind, (source, fields) in keras_sources(tmp_path).items():
+        folder = tmp_path / f"{kind}-{how}"
+        folder.mkdir()
+        crafted = folder / source.name
+        name = store_one_dataset_outside(source, crafted, how)
+        given = folder / "given.json"
+        given.write_text(json.dumps(fields))
+        out = folder / "out.safetensors"
+        code = main(["convert", str(crafted), str(out), "--from", kind, "--config", str(given)])
+        refused(code, capsys.readouterr().err, OUTSIDE, name)
+        assert not out.exists(), kind
+        # The kind inferred from the names reads it through the same reader.
+        code = main(["convert", str(crafted), str(out), "--config", str(given)])
+        refused(code, capsys.readouterr().err, OUTSIDE)
+
+
+def test_a_map_reads_h5_through_the_same_reader(tmp_path):
+    from common.errors import WeightFileError
+    from common.porting.sources import read_source_tensors
+
+    source, _ = keras_sources(tmp_path)["tf-tutorial-v2"]
+    crafted = tmp_path / "crafted" / source.name
+    crafted.parent.mkdir()
+    store_one_dataset_outside(source, crafted, "external")
+    with pytest.raises(WeightFileError, match=OUTSIDE):
+        read_source_tensors(crafted)
+
+
+def test_an_outside_fifo_is_never_opened(tmp_path):
+    """External storage that names a FIFO: opening it to read would block, so a command that
+    returns at all (exit 2, within the timeout) did not open it."""
+    import subprocess
+    import sys
+
+    import h5py
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    crafted = tmp_path / "x.weights.h5"
+    with h5py.File(crafted, "w") as h5:
+        h5.create_dataset("layer/vars/0", shape=(4,), dtype="f4", external=[(str(fifo), 0, 16)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.app.cli", "convert", str(crafted), str(tmp_path / "o.pt"),
+         "--from", "tf-tutorial-v2"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert proc.returncode == 2 and OUTSIDE in proc.stderr, proc.stderr

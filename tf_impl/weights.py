@@ -20,14 +20,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import h5py
 import keras
-import ml_dtypes
 import numpy as np
 
 from common.errors import WeightFileError
+from common.files.hdf5 import dataset_array, hdf5_datasets, stored_dtype
 from common.files.outputs import atomic_write
-from common.files.safe_read import listing, shown
 from common.spec.config import TransformerConfig
 from common.spec.dtypes import dtype_name, numpy_dtype
 from common.spec.names import canonical_shapes
@@ -156,31 +154,11 @@ def native_layout(config: TransformerConfig) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as folder:
         file = Path(folder) / f"layout{KERAS_SUFFIX}"
         model.save_weights(str(file))
-        with h5py.File(file, "r") as h5:
-            for ds_path, ds in _datasets(h5):
+        with hdf5_datasets(file) as datasets:
+            for ds_path, ds in datasets.items():
                 found[names[int(ds[(0,) * ds.ndim]) - 1]] = ds_path
     assert set(found) == set(names), f"not saved by Keras: {set(names) - set(found)}"
     return {found[name]: name for name in names}
-
-
-def _datasets(h5: h5py.File) -> list[tuple[str, h5py.Dataset]]:
-    """Every dataset in the file, with its path."""
-    out: list[tuple[str, h5py.Dataset]] = []
-    h5.visititems(
-        lambda name, obj: out.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
-    )
-    return out
-
-
-def _stored_dtype(ds: h5py.Dataset) -> str:
-    """The dtype Keras saved: bfloat16 is an opaque 2-byte type with a "dtype" attribute (Keras's
-    H5IOStore), anything else is what h5py reports."""
-    if ds.attrs.get("dtype") == "bfloat16":
-        return "bfloat16"
-    try:
-        return dtype_name(ds.dtype)
-    except ValueError:
-        return str(ds.dtype)
 
 
 def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
@@ -194,42 +172,19 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
     path = weight_file_path(path, "a Keras weights file")
     layout = native_layout(config)
-    try:
-        with h5py.File(path, "r") as h5:
-            stored = {p: (_stored_dtype(ds), tuple(ds.shape)) for p, ds in _datasets(h5)}
-            unexpected = sorted(p for p in stored if p not in layout)
-            entries = {layout[p]: e for p, e in stored.items() if p in layout}
-            problems = tensor_problems(config, entries)
-            if unexpected:
-                problems.append(
-                    f"datasets this model does not have ({len(unexpected)}): {', '.join(unexpected)}"
-                )
-            if problems:
-                raise WeightFileError(str(path), problems)
-            # idiom: HDF5 (Keras's format) can keep a dataset's bytes in other files (external storage, virtual
-            # datasets): /dev/zero, a FIFO, anyone's file. A checkpoint Keras wrote never does.
-            elsewhere = [p for p in layout if h5[p].external or h5[p].is_virtual]
-            if elsewhere:
-                raise WeightFileError(
-                    str(path),
-                    [
-                        f"datasets stored outside the file, which are never read: {listing(elsewhere)}"
-                    ],
-                )
-            tensors = {}
-            for ds_path, name in layout.items():
-                ds = h5[ds_path]
-                array = ds[()]
-                if stored[ds_path][0] == "bfloat16":
-                    array = array.view(ml_dtypes.bfloat16)
-                tensors[name] = np.ascontiguousarray(array)
-    except OSError as exc:
-        # h5py's messages say what is wrong: "file signature not found" (not HDF5), "truncated
-        # file: eof = ..." (cut short), or a read error inside a damaged file.
-        reason = str(exc).removeprefix("Unable to synchronously open file ").strip("()")
-        raise WeightFileError(
-            shown(path), [f"not a readable Keras .weights.h5 (HDF5) file: {shown(reason)[:200]}"]
-        ) from None
+    # The one HDF5 reader: a dataset stored outside the file is refused before any is read.
+    with hdf5_datasets(path, "Keras .weights.h5") as datasets:
+        stored = {p: (stored_dtype(ds), tuple(ds.shape)) for p, ds in datasets.items()}
+        unexpected = sorted(p for p in stored if p not in layout)
+        entries = {layout[p]: e for p, e in stored.items() if p in layout}
+        problems = tensor_problems(config, entries)
+        if unexpected:
+            problems.append(
+                f"datasets this model does not have ({len(unexpected)}): {', '.join(unexpected)}"
+            )
+        if problems:
+            raise WeightFileError(str(path), problems)
+        tensors = {name: dataset_array(datasets[ds_path]) for ds_path, name in layout.items()}
     return {name: tensors[name] for name in canonical_shapes(config)}
 
 

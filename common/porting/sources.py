@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import BackendUnavailable, WeightFileError
+from common.files.hdf5 import read_hdf5
 from common.files.safe_read import FileProblem, MissingFile, regular_file, shown
 from common.weights.format import read_header
 
 SOURCE_SUFFIXES = (".pt", ".bin", ".h5", ".safetensors", ".npz")
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def read_source_tensors(path: str | Path) -> dict[str, np.ndarray]:
@@ -56,30 +56,9 @@ def read_source_tensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def _read_h5(path: Path) -> dict[str, np.ndarray]:
-    with open(path, "rb") as f:
-        if f.read(len(HDF5_SIGNATURE)) != HDF5_SIGNATURE:
-            raise WeightFileError(shown(path), ["not an HDF5 file (a Keras .weights.h5 is one)"])
-    try:
-        import h5py
-    except ImportError:
-        raise WeightFileError(
-            shown(path),
-            ["reading a .weights.h5 needs h5py (pip install 'transformer-rosetta[tf]')"],
-        ) from None
-    out: dict[str, np.ndarray] = {}
-
-    def visit(name: str, item: object) -> None:
-        if isinstance(item, h5py.Dataset):
-            out[name] = np.asarray(item[()])
-
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(visit)
-    except (OSError, ValueError) as exc:
-        raise WeightFileError(
-            shown(path), [f"cannot read it as HDF5 ({shown(str(exc))[:200]})"]
-        ) from None
-    return out
+    """A `.h5` (a Keras `.weights.h5`, a tutorial's or a --map's) through the one HDF5 reader:
+    a dataset stored outside the file is refused by name, and nothing outside it is read."""
+    return read_hdf5(path, "Keras .weights.h5")
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
