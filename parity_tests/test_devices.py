@@ -147,7 +147,14 @@ def round_to_tf32(x: np.ndarray) -> np.ndarray:
 
 def test_the_tf32_detector_has_teeth():
     """The GPU matmul check tells float32 from TF32, shown on the CPU: float32 accumulation is an
-    order below MATMUL_RTOL (3.0e-7), TF32-rounded operands an order above it (2.9e-4)."""
+    order below MATMUL_RTOL (3.0e-7), TF32-rounded operands an order above it (2.9e-4).
+
+    The float32 side depends on the CPU's BLAS kernel (its blocking decides the summation order),
+    so its bound is the worst order any kernel may take: one plain sequential sum per entry, whose
+    n = 1024 roundings of partial sums ~sqrt(k) add in quadrature to ~0.28 u sqrt(n) = 5.4e-7
+    normwise (u = 2^-24); measured 5.7e-7 (np.cumsum in float32), and 2.1e-7 to 4.1e-7 over
+    OpenBLAS's Prescott, Nehalem, SandyBridge, Haswell, Zen and SkylakeX kernels. The TF32 side
+    is computed in float64 on bit-rounded operands: the same on every CPU."""
     a, b, exact = matmul_operands()
     full = relative_error((a @ b).astype(np.float64), exact)
     tf32 = relative_error(

@@ -27,7 +27,12 @@ from common.spec.masks import shift_right
 from common.spec.names import canonical_shapes
 from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
-from parity_tests.test_training import GRAD_ATOL_F32, LOSS_ATOL_F32
+from parity_tests.test_training import (
+    ARGMAX_MARGIN_F64,
+    GRAD_ATOL_F32,
+    LOSS_ATOL_F32,
+    argmax_margin,
+)
 
 F64_MARGIN = 1e-10
 # A decoder-only model with the switches a GPT has, plus a pad in the prompt (a masked key) and
@@ -121,6 +126,7 @@ def test_decoder_only_loss_matches_the_oracle_and_grads_finite_differences(name)
     out = model.loss_and_grads(src, tgt)
     want_loss, want_acc, want_n = oracle_loss(weights, DECODER, src, tgt)
     assert abs(out.loss - want_loss) <= 1e-10
+    assert argmax_margin(weights, DECODER, src, tgt) > ARGMAX_MARGIN_F64  # accuracies comparable
     assert (out.accuracy, out.tokens) == (want_acc, want_n)
     assert list(out.grads) == list(canonical_shapes(DECODER))
     rng = np.random.default_rng(0)

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from common.adapter.backends import FRAMEWORKS
+from common.oracle import reference
 from common.oracle.training import adam_step, label_smoothed_loss, noam_learning_rate, oracle_loss
 from common.spec.inputs import ragged_batch
+from common.spec.masks import shift_right
 from common.spec.names import canonical_shapes
 from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
@@ -31,6 +33,21 @@ LOSS_ATOL_F64, GRAD_ATOL_F64, FD_ATOL = 1e-10, 1e-9, 1e-6
 # differ by twice that. Bounds: 1e-6 on gradients and 5e-6 on losses (~3x the pair worst case),
 # far below what a wrong gradient (O(1e-2)) or a wrong optimizer step would show.
 GRAD_ATOL_F32, LOSS_ATOL_F32 = 1e-6, 5e-6
+
+
+# The accuracy is a count of argmax hits: equal in two float64 runs when no top-1 logit is within
+# their difference (~1e-14) of the runner-up. The weights and batches are seeded, so the oracle's
+# smallest top-1 margin is the same on every CPU; it is asserted above this before the accuracies
+# are compared.
+ARGMAX_MARGIN_F64 = 1e-10
+
+
+def argmax_margin(weights, config, src, tgt) -> float:
+    """The oracle's smallest top-1 minus top-2 logit over the target positions the accuracy counts
+    (not padding): how far every argmax is from a tie."""
+    logits = reference.forward(weights, config, src, shift_right(tgt, config.bos_id)).logits
+    top2 = np.sort(logits, axis=-1)[..., -2:]
+    return float((top2[..., 1] - top2[..., 0])[tgt != config.pad_id].min())
 
 
 def batch(config, seed=0):
@@ -86,6 +103,7 @@ def test_loss_matches_the_oracle_and_grads_match_finite_differences(name, config
     out = m.loss_and_grads(src, tgt)
     want_loss, want_acc, want_n = oracle_loss(weights, config, src, tgt)
     assert abs(out.loss - want_loss) <= LOSS_ATOL_F64 and out.tokens == want_n
+    assert argmax_margin(weights, config, src, tgt) > ARGMAX_MARGIN_F64
     assert out.accuracy == pytest.approx(want_acc, abs=1e-12)
     assert list(out.grads) == list(canonical_shapes(config))
     rng = np.random.default_rng(7)
@@ -160,8 +178,6 @@ def test_twenty_adam_steps_agree_pairwise(a, b):
             continue
         assert np.max(np.abs(wa[k] - wb[k])) <= 1e-9, k
     src, tgt = batches[0]
-    from common.spec.masks import shift_right
-
     tgt_in = shift_right(tgt, config.bos_id)
     logits = [
         model_from(name, config, runs[name][1]).forward(src, tgt_in).logits for name in (a, b)
