@@ -287,7 +287,7 @@ def test_nanogpt_without_biases_imports_zero_biases(imported):
 
 def test_the_encoder_gpts_positions_are_its_formula_not_the_papers(imported):
     """pos / 1e4 ** (dim // dim_model): the integer division makes every frequency 1, so row pos
-    is (sin pos, cos pos, ...). The imported table is that formula to the last bit of float64;
+    is (sin pos, cos pos, ...). The imported table is that formula to one float64 ulp;
     the text's own position_encoding computes it in float32, within one float32 ulp of 1 (2^-24:
     sin and cos are at most 1, and torch's float32 sin/cos are within an ulp); it is O(1) away from
     the paper's sinusoid from position 1 on."""
@@ -297,7 +297,9 @@ def test_the_encoder_gpts_positions_are_its_formula_not_the_papers(imported):
     table = wf.tensors["decoder.position_embedding"]
     pos = np.arange(wf.config.max_len, dtype=np.float64)[:, None]
     want = np.tile(np.concatenate([np.sin(pos), np.cos(pos)], axis=1), (1, 6))
-    np.testing.assert_array_equal(table, want)
+    # numpy's sin and cos of the same float64 positions: within one float64 ulp of values <= 1
+    # on any CPU (SIMD kernels may round the last bit differently), not bit for bit.
+    assert np.abs(table - want).max() <= 2.0**-52
     text = position_encoding(wf.config.max_len, 12)[0].numpy()
     assert text.dtype == np.float32
     assert np.abs(table - text).max() <= 2.0**-24
@@ -367,7 +369,7 @@ def test_seed_000s_position_figure_is_not_eq_5():
     angle = pos / 10000.0 ** (2 * j / d)
     want = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
     assert np.abs(text[1:] - want).max() <= 1e-12  # rounding only: the same terms, in float64
-    np.testing.assert_array_equal(text[:, 0], paper[:, 0])
+    assert np.abs(text[:, 0] - paper[:, 0]).max() <= 2.0**-52  # the same sin, another kernel
     assert np.abs(text[1:, 1:] - paper[1:, 1:]).max() > 1.0
 
 

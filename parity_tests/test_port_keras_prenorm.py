@@ -138,9 +138,11 @@ def test_the_file_holds_the_names_keras_3_gives_the_texts_classes(imported):
 
 
 def test_the_text_forward_is_its_call(imported):
-    """text_logits (the masks below are removed from) is the model's own call, bit for bit."""
+    """text_logits (the masks below are removed from) is the model's own call: the same logits
+    within the float64 bound (the same model, run twice)."""
     model, fx, _, _ = imported
-    np.testing.assert_array_equal(text_logits(model), fx.forward(model, SRC, TGT_IN, PAD))
+    same = np.abs(text_logits(model) - fx.forward(model, SRC, TGT_IN, PAD)).max()
+    assert same <= atol_for("float64"), same
 
 
 @pytest.mark.parametrize("name", ["numpy", *IMPLEMENTATIONS])
