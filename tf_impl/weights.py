@@ -172,7 +172,8 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
     path = weight_file_path(path, "a Keras weights file")
     layout = native_layout(config)
-    # The one HDF5 reader: a dataset stored outside the file is refused before any is read.
+    # idiom: Keras saves HDF5; read through the project's one HDF5 reader (common/files/hdf5.py),
+    # which refuses a dataset stored outside the file before any is read.
     with hdf5_datasets(path, "Keras .weights.h5") as datasets:
         stored = {p: (stored_dtype(ds), tuple(ds.shape)) for p, ds in datasets.items()}
         unexpected = sorted(p for p in stored if p not in layout)
