@@ -1,6 +1,6 @@
 """Decoding speed: each framework's key/value cache against recomputing the whole prefix.
 
-    .venv/bin/python -m benchmarks.bench_decode [--frameworks torch tf jax] [--preset base]
+    .venv/bin/python -m transformer_rosetta.benchmarks.bench_decode [--frameworks torch tf jax] [--preset base]
         [--batch 8] [--new-tokens 64] [--repeats 3] [--device D] [--precision P] [--json]
 
 For each framework, greedy decoding (common/decoding/search.py) of `batch` rows for exactly `new_tokens`
@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import (
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.app.cli.args import positive_int, repeats_int
+from transformer_rosetta.benchmarks.harness import (
     add_device_arguments,
     base_benchmark_config,
     cli_main,
@@ -43,12 +45,10 @@ from benchmarks.harness import (
     precision_setting,
     time_side_by_side,
 )
-from common.adapter.backends import get_backend
-from common.app.cli.args import positive_int, repeats_int
-from common.decoding.search import EXTRA_LEN, greedy_search
-from common.spec.config import TransformerConfig, preset
-from common.spec.precision import bench_setting
-from common.weights.init import init_weights
+from transformer_rosetta.decoding.search import EXTRA_LEN, greedy_search
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.spec.precision import bench_setting
+from transformer_rosetta.weights.init import init_weights
 
 FRAMEWORKS = ("torch", "tf", "jax")
 
@@ -122,7 +122,7 @@ def format_result(r: dict[str, Any]) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse, resolve the devices (before any model is built), decode and print."""
-    p = parser("python -m benchmarks.bench_decode", __doc__)
+    p = parser("python -m transformer_rosetta.benchmarks.bench_decode", __doc__)
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     p.add_argument("--preset", choices=("tiny", "base", "big"), default="base")
     p.add_argument("--batch", type=positive_int, default=8)
@@ -166,7 +166,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli_main("python -m benchmarks.bench_decode", lambda: run(argv))
+    return cli_main("python -m transformer_rosetta.benchmarks.bench_decode", lambda: run(argv))
 
 
 if __name__ == "__main__":

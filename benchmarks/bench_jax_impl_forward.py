@@ -4,7 +4,7 @@
 workload, device and precision; `main()` runs the issues' workload: the base model with a
 32000-token vocabulary, batch 8, source and target length 128 with ragged padding, eval mode,
 jitted. Everything lives on one jax.Device, in one dtype, and runs (and is traced) inside
-jax_impl.model.matmul_precision. Contenders, timed in alternation, each ending in
+transformer_rosetta.jax_impl.model.matmul_precision. Contenders, timed in alternation, each ending in
 jax.block_until_ready:
 - ours without attention outputs (jax.nn.dot_product_attention),
 - ours with attention outputs (explicit probabilities, returned for every layer),
@@ -12,7 +12,7 @@ jax.block_until_ready:
   nnx.Linear, nnx.LayerNorm and nnx.Embed, with the same masks and the same weights,
 - an n x n matmul (harness.matmul_size), the device's ceiling for the TFLOP/s column.
 
-    python -m benchmarks.bench_jax_impl_forward [--repeats N] [--device D] [--precision P] [--json]
+    python -m transformer_rosetta.benchmarks.bench_jax_impl_forward [--repeats N] [--device D] [--precision P] [--json]
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.harness import matmul_size  # noqa: E402
-from benchmarks.suite import alternate, module_main, summarise  # noqa: E402
-from common.adapter.backends import get_backend  # noqa: E402
-from common.spec.config import TransformerConfig  # noqa: E402
-from common.spec.inputs import ragged_batch  # noqa: E402
-from common.spec.precision import bench_setting  # noqa: E402
-from common.weights.init import init_weights  # noqa: E402
-from jax_impl.backend import jax_device  # noqa: E402
-from jax_impl.model import (  # noqa: E402
+from transformer_rosetta.adapter.backends import get_backend  # noqa: E402
+from transformer_rosetta.benchmarks.harness import matmul_size  # noqa: E402
+from transformer_rosetta.benchmarks.suite import alternate, module_main, summarise  # noqa: E402
+from transformer_rosetta.jax_impl.backend import jax_device  # noqa: E402
+from transformer_rosetta.jax_impl.model import (  # noqa: E402
     causal_mask,
     key_padding_mask,
     matmul_precision,
     sinusoidal_positions,
 )
+from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
+from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
+from transformer_rosetta.spec.precision import bench_setting  # noqa: E402
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 WARMUP = 1  # one round: the first call of each jitted contender compiles it
 

@@ -12,7 +12,7 @@ Default workload: the issues' base model (32000-token vocabulary), batch 8, sour
 length 128. `--preset tiny` runs in seconds. CPU only: onnxruntime's CUDA provider is not in the
 wheel this project pins; GPU figures are pending.
 
-    python -m benchmarks.bench_onnx [--preset base|tiny] [--batch 8] [--src-len 128] [--tgt-len 128]
+    python -m transformer_rosetta.benchmarks.bench_onnx [--preset base|tiny] [--batch 8] [--src-len 128] [--tgt-len 128]
                                     [--repeats 5] [--json]
 """
 
@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.harness import (
+from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.app.cli.args import UsageError, positive_int
+from transformer_rosetta.benchmarks.harness import (
     BASE_WORKLOAD,
     base_benchmark_config,
     cli_main,
@@ -35,14 +37,12 @@ from benchmarks.harness import (
     parser,
     to_stderr,
 )
-from benchmarks.suite import alternate
-from common.adapter.backends import get_backend, unavailable_reason
-from common.app.cli.args import UsageError, positive_int
-from common.porting.convert import convert
-from common.spec.config import preset
-from common.spec.inputs import ragged_batch
-from common.weights.format import save_weights
-from common.weights.init import init_weights
+from transformer_rosetta.benchmarks.suite import alternate
+from transformer_rosetta.porting.convert import convert
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.weights.format import save_weights
+from transformer_rosetta.weights.init import init_weights
 
 WARMUP = 2
 
@@ -51,7 +51,7 @@ def measure(
     config_name: str, batch: int, src_len: int, tgt_len: int, repeats: int, progress=None
 ) -> dict:
     """Median forward seconds of onnxruntime and torch on one ragged batch, and the files' bytes."""
-    from common.adapter.onnx_backend import session
+    from transformer_rosetta.adapter.onnx_backend import session
 
     config = base_benchmark_config() if config_name == "base" else preset(config_name)
     weights = init_weights(config, 0)

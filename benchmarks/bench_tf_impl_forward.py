@@ -3,7 +3,7 @@
 `measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config,
 workload, device and precision; `main()` runs the issues' workload: the base model with a
 32000-token vocabulary, batch 8, source and target length 128 with ragged padding, eval mode.
-Everything runs in one dtype inside tf.device(device) and tf_impl.model.matmul_precision.
+Everything runs in one dtype inside tf.device(device) and transformer_rosetta.tf_impl.model.matmul_precision.
 Contenders, timed in alternation:
 - ours, fused attention (keras.ops.dot_product_attention), no attention maps returned;
 - ours, explicit attention, returning every probability map;
@@ -13,7 +13,7 @@ Contenders, timed in alternation:
 
 Each ends by reading one element back (.numpy()), which blocks until the whole result exists.
 
-    python -m benchmarks.bench_tf_impl_forward [--repeats N] [--device D] [--precision P] [--json]
+    python -m transformer_rosetta.benchmarks.bench_tf_impl_forward [--repeats N] [--device D] [--precision P] [--json]
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
-from benchmarks.harness import matmul_size  # noqa: E402
-from benchmarks.suite import alternate, module_main, summarise  # noqa: E402
-from common.adapter.backends import get_backend  # noqa: E402
-from common.spec.config import TransformerConfig  # noqa: E402
-from common.spec.inputs import ragged_batch  # noqa: E402
-from common.spec.precision import bench_setting  # noqa: E402
-from common.weights.init import init_weights  # noqa: E402
-from tf_impl.backend import tf_device  # noqa: E402
-from tf_impl.model import (  # noqa: E402
+from transformer_rosetta.adapter.backends import get_backend  # noqa: E402
+from transformer_rosetta.benchmarks.harness import matmul_size  # noqa: E402
+from transformer_rosetta.benchmarks.suite import alternate, module_main, summarise  # noqa: E402
+from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
+from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
+from transformer_rosetta.spec.precision import bench_setting  # noqa: E402
+from transformer_rosetta.tf_impl.backend import tf_device  # noqa: E402
+from transformer_rosetta.tf_impl.model import (  # noqa: E402
     decoder_self_mask,
     key_padding_mask,
     matmul_precision,
     sinusoidal_positions,
 )
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 WARMUP = 2
 

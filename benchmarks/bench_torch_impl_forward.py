@@ -6,10 +6,10 @@ workload, device and precision; `main()` runs the issues' workload: the base mod
 under torch.inference_mode. Contenders, timed in alternation (benchmarks/harness.py): ours on the
 fused SDPA path, ours returning every attention map (explicit path), the peer (nn.Transformer with
 the same embeddings, sinusoids, masks and output projection), and an n x n matmul as the device's
-ceiling. All four run in one dtype on one device under torch_impl.model.matmul_precision; on a GPU
+ceiling. All four run in one dtype on one device under transformer_rosetta.torch_impl.model.matmul_precision; on a GPU
 each ends with torch.cuda.synchronize(), so that a time is the work's and not its launch's.
 
-    python -m benchmarks.bench_torch_impl_forward [--repeats N] [--device D] [--precision P] [--json]
+    python -m transformer_rosetta.benchmarks.bench_torch_impl_forward [--repeats N] [--device D] [--precision P] [--json]
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from benchmarks.harness import matmul_size
-from benchmarks.suite import alternate, module_main, summarise
-from common.adapter.backends import get_backend
-from common.spec.config import TransformerConfig
-from common.spec.inputs import ragged_batch
-from common.spec.precision import bench_setting
-from common.weights.init import init_weights
-from torch_impl.model import matmul_precision, sinusoidal_positions
-from torch_impl.weights import TORCH_DTYPES
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.benchmarks.harness import matmul_size
+from transformer_rosetta.benchmarks.suite import alternate, module_main, summarise
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.precision import bench_setting
+from transformer_rosetta.torch_impl.model import matmul_precision, sinusoidal_positions
+from transformer_rosetta.torch_impl.weights import TORCH_DTYPES
+from transformer_rosetta.weights.init import init_weights
 
 WARMUP = 2
 

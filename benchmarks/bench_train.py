@@ -1,6 +1,6 @@
 """Training throughput: target tokens per second of full optimizer steps (forward, backward, Adam).
 
-    .venv/bin/python -m benchmarks.bench_train [--workload numbers|base] [--frameworks torch tf jax]
+    .venv/bin/python -m transformer_rosetta.benchmarks.bench_train [--workload numbers|base] [--frameworks torch tf jax]
         [--device D] [--precision highest|tf32|bf16] [--steps N] [--repeats N] [--json]
         [--preset tiny|base|big] [--vocab N] [--batch N] [--src-len N] [--tgt-len N]
 
@@ -37,7 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import (
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.app.cli.args import UsageError, positive_int, repeats_int, seed_int
+from transformer_rosetta.app.tasks import get_task
+from transformer_rosetta.benchmarks.harness import (
     add_device_arguments,
     base_benchmark_config,
     cli_main,
@@ -50,15 +53,12 @@ from benchmarks.harness import (
     to_stderr,
     train_step_flops,
 )
-from benchmarks.suite import alternate, under
-from common.adapter.backends import get_backend
-from common.app.cli.args import UsageError, positive_int, repeats_int, seed_int
-from common.app.tasks import get_task
-from common.oracle.training import ADAM_BETAS, ADAM_EPS
-from common.spec.config import PRESETS, TransformerConfig, preset
-from common.spec.masks import shift_right
-from common.spec.precision import bench_setting
-from common.weights.init import init_weights
+from transformer_rosetta.benchmarks.suite import alternate, under
+from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
+from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.precision import bench_setting
+from transformer_rosetta.weights.init import init_weights
 
 FRAMEWORKS = ("torch", "tf", "jax")
 WORKLOADS = ("numbers", "base")
@@ -106,8 +106,8 @@ def torch_peer(c: TransformerConfig, dtype: str, device: str) -> Callable[[list[
     import torch
     import torch.nn.functional as F
 
-    from benchmarks.bench_torch_impl_forward import Peer
-    from torch_impl.weights import TORCH_DTYPES
+    from transformer_rosetta.benchmarks.bench_torch_impl_forward import Peer
+    from transformer_rosetta.torch_impl.weights import TORCH_DTYPES
 
     torch.manual_seed(0)
     peer = Peer(c, c.max_len).to(device=device, dtype=TORCH_DTYPES[dtype]).train()
@@ -143,8 +143,8 @@ def keras_peer(c: TransformerConfig, dtype: str, device: str) -> Callable[[list[
     import tensorflow as tf
     from keras import ops
 
-    from benchmarks.bench_tf_impl_forward import PeerTransformer
-    from tf_impl.backend import tf_device
+    from transformer_rosetta.benchmarks.bench_tf_impl_forward import PeerTransformer
+    from transformer_rosetta.tf_impl.backend import tf_device
 
     where = tf_device(device)
     with tf.device(where):
@@ -190,8 +190,8 @@ def flax_peer(c: TransformerConfig, dtype: str, device: str) -> Callable[[list[B
     import optax
     from flax import nnx
 
-    from benchmarks.bench_jax_impl_forward import Peer
-    from jax_impl.backend import jax_device
+    from transformer_rosetta.benchmarks.bench_jax_impl_forward import Peer
+    from transformer_rosetta.jax_impl.backend import jax_device
 
     target = jax_device(device)
     with jax.default_device(target):
@@ -493,7 +493,7 @@ def format_train(result: Mapping[str, Any]) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse, check every argument and the devices, then measure and print."""
-    p = parser("python -m benchmarks.bench_train", __doc__)
+    p = parser("python -m transformer_rosetta.benchmarks.bench_train", __doc__)
     p.add_argument(
         "--workload",
         choices=WORKLOADS,
@@ -548,7 +548,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli_main("python -m benchmarks.bench_train", lambda: run(argv))
+    return cli_main("python -m transformer_rosetta.benchmarks.bench_train", lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from common.adapter.backends import get_backend, unavailable_reason
-from common.app.cli.args import DEVICE_HELP as args_device_help
-from common.app.cli.args import device_arg  # noqa: F401  (the benchmarks' --device type)
-from common.errors import RosettaError
-from common.spec.config import TransformerConfig
-from common.spec.precision import BENCH_PRECISIONS, bench_setting
+from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.app.cli.args import DEVICE_HELP as args_device_help
+from transformer_rosetta.app.cli.args import device_arg  # noqa: F401  (the benchmarks' --device type)
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import BENCH_PRECISIONS, bench_setting
 
 
 def time_side_by_side(
@@ -131,8 +131,8 @@ _BENCH_REQUIRES = {"tf": ("tensorflow",)}
 
 def resolve_device(visible: Sequence[str], request: str) -> str | None:
     """A framework's own name for `request` among the devices it sees (its backend's devices()),
-    or None when it does not see it: common.app.parity.resolve_devices, for one device."""
-    from common.app.parity import resolve_devices
+    or None when it does not see it: transformer_rosetta.app.parity.resolve_devices, for one device."""
+    from transformer_rosetta.app.parity import resolve_devices
 
     found = resolve_devices("", visible, request)
     return found[0] if found else None
@@ -156,7 +156,7 @@ def plan_devices(frameworks: Iterable[str], request: str) -> tuple[dict[str, str
     request that no runnable framework sees raises UsageError (exit 2): this runs before any
     model is built. "cpu" imports no framework.
     """
-    from common.app.cli.args import UsageError
+    from transformer_rosetta.app.cli.args import UsageError
 
     if request == "all":
         raise UsageError("--device all is for `rosetta parity`; a benchmark runs on one device")
@@ -261,7 +261,7 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     """An argparse parser whose usage mistakes are one line and exit 2 (cli_main), as rosetta's."""
-    from common.app.cli.args import Parser
+    from transformer_rosetta.app.cli.args import Parser
 
     return Parser(prog=prog, description=description, formatter_class=argparse.RawTextHelpFormatter)
 

@@ -24,7 +24,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from benchmarks.harness import (
+from transformer_rosetta.app.cli.args import repeats_int
+from transformer_rosetta.benchmarks.harness import (
     BASE_WORKLOAD,
     add_device_arguments,
     base_benchmark_config,
@@ -38,9 +39,8 @@ from benchmarks.harness import (
     time_side_by_side,
     to_stderr,
 )
-from common.app.cli.args import repeats_int
-from common.errors import RosettaError
-from common.spec.config import TransformerConfig
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.spec.config import TransformerConfig
 
 Progress = Callable[[str], None]
 
@@ -48,7 +48,9 @@ Progress = Callable[[str], None]
 TARGET = 1.15
 BENCH_FRAMEWORKS = ("torch", "tf", "jax")
 CONTENDERS = ("ours", "ours_attention", "peer", "matmul")
-MODULES = {name: f"benchmarks.bench_{name}_impl_forward" for name in BENCH_FRAMEWORKS}
+MODULES = {
+    name: f"transformer_rosetta.benchmarks.bench_{name}_impl_forward" for name in BENCH_FRAMEWORKS
+}
 
 
 def _silent(message: str) -> None:
@@ -266,14 +268,14 @@ def module_main(
     default_repeats: int,
     description: str,
 ) -> dict[str, Any]:
-    """`python -m benchmarks.bench_<framework>_impl_forward [--repeats N] [--device D]
+    """`python -m transformer_rosetta.benchmarks.bench_<framework>_impl_forward [--repeats N] [--device D]
     [--precision P] [--json]` for one module.
 
     The issues' workload (harness.base_benchmark_config(), batch 8, 128/128); progress on stderr
     unless --json. Bad arguments, or a device the framework does not see, end the process with
     one line on stderr and exit 2, before anything is built.
     """
-    prog = f"python -m benchmarks.bench_{framework}_impl_forward"
+    prog = f"python -m transformer_rosetta.benchmarks.bench_{framework}_impl_forward"
     p = parser(prog, description)
     p.add_argument("--repeats", type=repeats_int, default=default_repeats)
     add_device_arguments(p)

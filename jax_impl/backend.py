@@ -1,4 +1,4 @@
-"""The Flax NNX implementation behind the adapter (common.adapter.backends.Backend), numpy in and out."""
+"""The Flax NNX implementation behind the adapter (transformer_rosetta.adapter.backends.Backend), numpy in and out."""
 
 from __future__ import annotations
 
@@ -11,29 +11,29 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import (
+from transformer_rosetta.adapter.backends import check_build_request, check_mode
+from transformer_rosetta.decoding.search import (
     check_row_ids,
     check_step_budget,
     check_stepper_request,
     prompt_prefix,
 )
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import COMPUTE_DTYPES
-from common.spec.inputs import check_inputs, check_trainable
-from common.spec.masks import shift_right
-from common.spec.precision import DEFAULT_PRECISION
-from common.spec.results import ForwardOutput, LossOutput
-from common.weights.format import check_tensors
-from jax_impl import decode, train
-from jax_impl.model import Transformer, matmul_precision
-from jax_impl.weights import (
+from transformer_rosetta.jax_impl import decode, train
+from transformer_rosetta.jax_impl.model import Transformer, matmul_precision
+from transformer_rosetta.jax_impl.weights import (
     export_canonical,
     from_canonical,
     read_native,
     write_native,
     x64_scope,
 )
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import COMPUTE_DTYPES
+from transformer_rosetta.spec.inputs import check_inputs, check_trainable
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.results import ForwardOutput, LossOutput
+from transformer_rosetta.weights.format import check_tensors
 
 
 def _forward(
@@ -91,7 +91,7 @@ def _to_device(model: Transformer, device: jax.Device) -> Transformer:
 
 
 class FlaxStepper:
-    """common.decoding.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
+    """transformer_rosetta.decoding.search.Stepper over jax_impl/decode.py. It holds the explicit state between steps:
     the module split once into (graphdef, state), the compiled step for that graphdef, and the
     cache (uncached: the prefix, on the host, with the memory). A decoder-only model's src is
     the prompt (B, P): the cache is prefilled with its first P - 1 tokens, and the uncached
@@ -149,7 +149,7 @@ class FlaxStepper:
         return to_numpy(self._logits(tokens))
 
     def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        """transformer_rosetta.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
         logits = self._logits(tokens)
         with self.model._scope():
             values, ids = decode.top_k_log_probs_compiled(logits, k)

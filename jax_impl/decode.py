@@ -1,6 +1,6 @@
 """Autoregressive decoding of the Flax NNX Transformer with a key/value cache (section 3.2.3).
 
-The search itself (greedy, beam) is common.decoding.search's, written once in numpy; this file is the
+The search itself (greedy, beam) is transformer_rosetta.decoding.search's, written once in numpy; this file is the
 model's half: one decoding step at a time. The cache is explicit state, in the functional style of
 Flax's own decoders: `init_cache` returns a pytree, `decode_step` takes it and returns
 `(logits, new_cache)`, and nothing in the module changes. Every array has a fixed shape, the
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_impl.model import Transformer, key_padding_mask, statistics_dtype
+from transformer_rosetta.jax_impl.model import Transformer, key_padding_mask, statistics_dtype
 
 # idiom: a pytree of immutable arrays (torch's is a dataclass of in-place buffers)
 Cache = dict[str, Any]
@@ -223,7 +223,7 @@ def prefix_step_compiled(  # idiom: jax.jit over the module split once (see abov
 def top_k_log_probs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """The k best next tokens of every row of logits (N, V), on the device: their log-softmax
     values (N, k), in float32 or wider, and ids (N, k), best first and ties to the lower id, as
-    common.decoding.search.top_log_probs specifies (jax.lax.top_k documents that order among
+    transformer_rosetta.decoding.search.top_log_probs specifies (jax.lax.top_k documents that order among
     equal values)."""
     log_probs = jax.nn.log_softmax(logits.astype(statistics_dtype(logits.dtype)), axis=-1)
     return jax.lax.top_k(log_probs, k)

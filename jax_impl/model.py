@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common.spec.config import TransformerConfig
-from common.spec.names import embedding_names
-from common.spec.precision import DEFAULT_PRECISION, check_precision
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import embedding_names
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
 # -- masks: small pure functions mirroring common/spec/masks.py, [B, 1, Tq, Tk] -------------------
 
@@ -638,7 +638,7 @@ class Transformer(nnx.Module):
 
     # idiom: one nnx.Param per table (state path = canonical name), looked up by role
     def table(self, role: str) -> jax.Array:
-        """The matrix that common.spec.names.embedding_names says `role` reads ("source", "target" or
+        """The matrix that transformer_rosetta.spec.names.embedding_names says `role` reads ("source", "target" or
         "output"), found by its canonical name, e.g. "shared_embedding", "decoder.embedding"."""
         name = embedding_names(self.config)[role]
         return functools.reduce(getattr, name.split("."), self)[...]
@@ -689,7 +689,7 @@ class Transformer(nnx.Module):
     def __call__(
         self, src: jax.Array | None, tgt_in: jax.Array | None, *, return_attention: bool = False
     ) -> dict[str, jax.Array | list[jax.Array] | None]:
-        """Teacher-forced forward. Keys are the fields of common.spec.results.ForwardOutput;
+        """Teacher-forced forward. Keys are the fields of transformer_rosetta.spec.results.ForwardOutput;
         attentions are None unless return_attention, hidden states always lists (under jit, a
         caller that drops them from its outputs lets XLA drop them). A half of the family takes
         only its own input (src None: decoder-only; tgt_in None: encoder-only), and what the

@@ -1,8 +1,8 @@
 """Training the Flax NNX Transformer: the loss, its gradient and Adam with the Noam schedule.
 
 Section 5.3 (optimiser and schedule) and 5.4 (label smoothing) of the paper, with
-common.oracle.training as the spec: the same loss as its label_smoothed_loss, optax's Adam (eps on
-sqrt(v_hat), exactly common.oracle.training.adam_step) and common.oracle.training.noam_learning_rate as an optax
+transformer_rosetta.oracle.training as the spec: the same loss as its label_smoothed_loss, optax's Adam (eps on
+sqrt(v_hat), exactly transformer_rosetta.oracle.training.adam_step) and transformer_rosetta.oracle.training.noam_learning_rate as an optax
 schedule. forward, backward and update compile together into one jax.jit function.
 
 The loop is the functional one of Flax's "Performance considerations" guide
@@ -28,10 +28,10 @@ import optax
 from flax import nnx
 from flax.nnx import traversals
 
-from common.oracle.training import ADAM_BETAS, ADAM_EPS
-from common.spec.config import TransformerConfig
-from jax_impl.model import Transformer, statistics_dtype
-from jax_impl.weights import param_paths
+from transformer_rosetta.jax_impl.model import Transformer, statistics_dtype
+from transformer_rosetta.jax_impl.weights import param_paths
+from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
+from transformer_rosetta.spec.config import TransformerConfig
 
 
 def label_smoothed_loss(
@@ -41,7 +41,7 @@ def label_smoothed_loss(
     target tokens that are not padding.
 
     optax.smooth_labels gives eps / V to every class, the true one included: exactly the
-    definition of common.oracle.training.label_smoothed_loss. Returns (loss, accuracy, tokens),
+    definition of transformer_rosetta.oracle.training.label_smoothed_loss. Returns (loss, accuracy, tokens),
     three scalars; a batch with no target token has loss 0, as the oracle's.
     """
     logits = logits.astype(statistics_dtype(logits.dtype))  # log-softmax never in bfloat16
@@ -210,7 +210,7 @@ def loss_and_grads(
 
 def canonical_grads(model: Transformer, grads: _Tree) -> dict[str, np.ndarray]:
     """{canonical name: gradient} in canonical order and layout. The gradients have the paths of
-    the params, and a param's path joined with "." is its canonical name (jax_impl.weights), so
+    the params, and a param's path joined with "." is its canonical name (transformer_rosetta.jax_impl.weights), so
     nothing is transposed."""
     flat = traversals.flatten_mapping(grads)
     return {name: np.asarray(flat[path]) for name, path in param_paths(model).items()}
@@ -221,7 +221,7 @@ def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> optax.Sched
     min(step^-0.5, step * warmup^-1.5).
 
     optax counts updates from 0 and the paper counts steps from 1, so update `count` is step
-    count + 1. Written in jnp (common.oracle.training.noam_learning_rate's Python min cannot take a
+    count + 1. Written in jnp (transformer_rosetta.oracle.training.noam_learning_rate's Python min cannot take a
     traced step); the float is the default one, so float64 under x64.
     """
 
@@ -237,7 +237,7 @@ def _noam_adam(d_model: int, warmup: int, factor: float = 1.0) -> optax.Gradient
     """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9) at the Noam rate.
 
     optax puts eps on sqrt(v_hat), after the bias correction, as torch does and as
-    common.oracle.training.adam_step specifies. Cached, because the transformation is part of
+    transformer_rosetta.oracle.training.adam_step specifies. Cached, because the transformation is part of
     _compiled_train_step's cache key: one object per (d_model, warmup, factor) lets a later
     model of the same kind reuse the step compiled for an earlier one.
     """

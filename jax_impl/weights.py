@@ -3,7 +3,7 @@
 The rule, and the only mapping there is: model.py names its attributes after the canonical names,
 so the path of every nnx.Param in `nnx.state(model, nnx.Param)` joined with "." *is* its canonical
 name (("encoder", "layers", 0, "self_attention", "query", "kernel") is
-"encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: common.spec.names derives
+"encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: transformer_rosetta.spec.names derives
 them, and each load asserts that the model's paths and the canonical names are the same set.
 
 Layouts are canonical already: nnx.LinearGeneral keeps attention kernels as [d, h, k] and
@@ -25,19 +25,19 @@ import jax
 import numpy as np
 from flax import nnx, serialization
 
-from common.errors import WeightFileError
-from common.files.outputs import atomic_write
-from common.files.safe_read import (
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.files.safe_read import (
     MAX_JSON_DEPTH,
     listing,
     os_problem,
     shown,
 )
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import dtype_name, numpy_dtype
-from common.spec.names import canonical_shapes
-from common.weights.format import check_tensors, weight_file_path
-from jax_impl.model import Transformer
+from transformer_rosetta.jax_impl.model import Transformer
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import dtype_name, numpy_dtype
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights.format import check_tensors, weight_file_path
 
 _StatePath = tuple[str | int, ...]
 
@@ -64,7 +64,7 @@ def _attribute_path(path: _StatePath) -> str:
 
 # idiom: an nnx.Param's state path is its canonical name; train.canonical_grads reads by it too
 def param_paths(model: Transformer) -> dict[str, _StatePath]:
-    """{canonical name: nnx.state path} for every nnx.Param, checked against common.spec.names."""
+    """{canonical name: nnx.state path} for every nnx.Param, checked against transformer_rosetta.spec.names."""
     paths = {_canonical_name(p): p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     expected = canonical_shapes(model.config)
     if set(paths) != set(expected):

@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports Te
 
 import pytest  # noqa: E402
 
-from common.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
+from transformer_rosetta.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402
 
 IMPLEMENTATIONS = [name for name in FRAMEWORKS if name != "numpy"]
 # CI (.ci/run sets nothing: the CI service sets CI=true) installs the whole test set-up with

@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 
-from common.spec.config import TransformerConfig
-from common.spec.inputs import ragged_batch
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import ragged_batch
 
 # Small, but with d_k (=6) not a power of two, src vocab != tgt vocab where untied, and
 # encoder depth != decoder depth, so that a transposed or swapped axis cannot pass by symmetry.

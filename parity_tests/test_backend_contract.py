@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import InputError
-from common.oracle import reference
-from common.spec.names import canonical_shapes
-from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, variant
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights.init import init_weights
 
 ROUND_TRIP_CONFIGS = {k: PAIRWISE_GRID[k] for k in list(PAIRWISE_GRID)[:4]}
 

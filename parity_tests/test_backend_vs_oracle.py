@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.oracle import reference
-from common.spec.masks import decoder_self_mask, key_padding_mask
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
 from parity_tests.grid import FAMILY_GRID, FULL_GRID, PAIRWISE_GRID, input_cases
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.masks import decoder_self_mask, key_padding_mask
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -101,7 +101,7 @@ def test_compiled_forward_matches_oracle(backend, config_id, dtype):
 def test_base_config_float64_matches_oracle(backend):
     """The paper's base sizes (d_model 512, 8 heads, 6+6 layers, d_ff 2048), vocabulary cut to
     1000 to keep memory small: float64 stays within the float64 bound at full depth."""
-    from common.spec.config import preset
+    from transformer_rosetta.spec.config import preset
 
     config = preset("base").replace(src_vocab_size=1000, tgt_vocab_size=1000, dropout=0.0)
     weights = init_weights(config, seed=0, scheme="perturbed", dtype="float64")
@@ -116,7 +116,7 @@ def test_base_config_float64_matches_oracle(backend):
 def test_head_dim_one_with_as_many_heads_as_positions(backend):
     """Regression (found by test_properties.py): d_k = 1 and T = h. Keras 3.15's TF `ops.add`
     added the (h, 1) per-head bias along T (tf_impl/model.py, HeadProjection)."""
-    from common.spec.config import preset
+    from transformer_rosetta.spec.config import preset
 
     config = preset("tiny").replace(d_model=2, num_heads=2, d_ff=4, bos_id=0, eos_id=1)
     weights = init_weights(config, seed=0, scheme="perturbed")

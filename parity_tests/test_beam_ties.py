@@ -26,8 +26,8 @@ import math
 import numpy as np
 import pytest
 
-from common.decoding.search import Stepper, beam_search
-from common.spec.config import TransformerConfig
+from transformer_rosetta.decoding.search import Stepper, beam_search
+from transformer_rosetta.spec.config import TransformerConfig
 
 PAD, BOS, EOS = 3, 5, 2  # 0 is an ordinary token
 SPECIAL = (EOS, PAD, BOS)

@@ -16,10 +16,10 @@ import math
 
 import pytest
 
-from benchmarks import harness, suite
-from common.adapter.backends import get_backend, unavailable_reason
-from common.app.cli.main import main as rosetta
-from common.spec.config import preset
+from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.benchmarks import harness, suite
+from transformer_rosetta.cli import main as rosetta
+from transformer_rosetta.spec.config import preset
 
 IMPLEMENTATIONS = suite.BENCH_FRAMEWORKS
 INSTALLED = [name for name in IMPLEMENTATIONS if unavailable_reason(name) is None]
@@ -273,7 +273,7 @@ def test_torch_ours_peer_and_matmul_run_at_the_precision_asked_for(
 ):
     if "torch" not in INSTALLED:
         pytest.skip(f"torch: {unavailable_reason('torch')}")
-    from benchmarks import bench_torch_impl_forward as bench_torch
+    from transformer_rosetta.benchmarks import bench_torch_impl_forward as bench_torch
 
     spy, seen = PrecisionSpy(), []
     monkeypatch.setattr(bench_torch, "matmul_precision", spy)
@@ -308,7 +308,7 @@ def test_jax_bf16_reaches_ours_the_peer_and_the_matmul(monkeypatch):
         pytest.skip(f"jax: {unavailable_reason('jax')}")
     import jax.numpy as jnp
 
-    from benchmarks import bench_jax_impl_forward as bench_jax
+    from transformer_rosetta.benchmarks import bench_jax_impl_forward as bench_jax
 
     spy, traced = PrecisionSpy(), []
     monkeypatch.setattr(bench_jax, "matmul_precision", spy)
@@ -356,7 +356,7 @@ ONE_ROUND = ["--steps", "1", "--repeats", "1", "--device", "cpu", "--json"]
     ],
 )
 def test_bench_train_refuses_bad_arguments_in_one_line(capsys, argv, says):
-    from benchmarks import bench_train
+    from transformer_rosetta.benchmarks import bench_train
 
     assert says in one_line_exit_2(capsys, bench_train.main(argv))
 
@@ -366,7 +366,7 @@ def test_bench_train_device_gpu_without_a_gpu_is_one_line_exit_2(capsys):
         pytest.skip(f"jax: {unavailable_reason('jax')}")
     if sees_a_gpu("jax"):
         pytest.skip("jax sees a GPU here")
-    from benchmarks import bench_train
+    from transformer_rosetta.benchmarks import bench_train
 
     err = one_line_exit_2(capsys, bench_train.main(["--frameworks", "jax", "--device", "gpu"]))
     assert "--device gpu" in err
@@ -375,7 +375,7 @@ def test_bench_train_device_gpu_without_a_gpu_is_one_line_exit_2(capsys):
 def test_bench_train_numbers_reports_tokens_per_second_against_torch(capsys, one_torch_thread):
     if "torch" not in INSTALLED:
         pytest.skip(f"torch: {unavailable_reason('torch')}")
-    from benchmarks import bench_train
+    from transformer_rosetta.benchmarks import bench_train
 
     assert bench_train.main(["--frameworks", "torch", *ONE_ROUND]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -410,7 +410,7 @@ def test_bench_train_base_times_ours_and_the_peer_at_the_precision_asked_for(
     reason = harness.bench_unavailable_reason(framework)
     if reason is not None:
         pytest.skip(f"{framework}: {reason}")
-    from benchmarks import bench_train
+    from transformer_rosetta.benchmarks import bench_train
 
     spy, seen = PrecisionSpy(), []
     monkeypatch.setattr(bench_train, "framework_precision", lambda name, mode: spy(mode))
@@ -447,7 +447,7 @@ def test_bench_train_base_times_ours_and_the_peer_at_the_precision_asked_for(
 def test_bench_decode_names_device_and_precision(capsys, one_torch_thread):
     if "torch" not in INSTALLED:  # no compilation (JAX's uncached path compiles every length)
         pytest.skip(f"torch: {unavailable_reason('torch')}")
-    from benchmarks import bench_decode
+    from transformer_rosetta.benchmarks import bench_decode
 
     argv = ["--frameworks", "torch", "--preset", "tiny", "--batch", "2", "--new-tokens", "52"]
     assert bench_decode.main([*argv, "--repeats", "1", "--device", "cpu", "--json"]) == 0
@@ -466,6 +466,6 @@ def test_bench_decode_names_device_and_precision(capsys, one_torch_thread):
     ],
 )
 def test_bench_decode_refuses_bad_arguments_in_one_line(capsys, argv, says):
-    from benchmarks import bench_decode
+    from transformer_rosetta.benchmarks import bench_decode
 
     assert says in one_line_exit_2(capsys, bench_decode.main(argv))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.app.cli.main import main
+from transformer_rosetta.cli import main
 
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"
 
@@ -201,9 +201,9 @@ def test_inspect_a_converted_minilm_config_reads_as_a_bert_encoder(tmp_path, cap
 
 
 def test_inspect_file_json_of_an_encoder_only_model(tmp_path, capsys):
-    from common.spec.config import preset
-    from common.weights.format import save_weights
-    from common.weights.init import init_weights
+    from transformer_rosetta.spec.config import preset
+    from transformer_rosetta.weights.format import save_weights
+    from transformer_rosetta.weights.init import init_weights
 
     config = preset("tiny_encoder_only")
     path = tmp_path / "enc.safetensors"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from common.app.cli.main import main
-from common.app.tasks import get_task
-from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from transformer_rosetta.app.tasks import get_task
+from transformer_rosetta.cli import main
+from transformer_rosetta.weights.format import load_weights
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from common.errors import ConfigError
-from common.spec.config import PRESETS, TransformerConfig, preset
+from transformer_rosetta.errors import ConfigError
+from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
 
 
 def problems_of(**fields) -> list[str]:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.adapter.backends import unavailable_reason
-from common.app.cli.main import main
-from common.spec.config import preset
-from common.weights.format import load_weights, save_weights
-from common.weights.init import init_weights
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.cli import main
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.weights.format import load_weights, save_weights
+from transformer_rosetta.weights.init import init_weights
 
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"
 NATIVE = {

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.app.cli.main import main
-from common.porting import convert as convert_module
-from common.spec.tolerances import atol_for
-from common.weights.format import META_PROVENANCE, load_weights
 from parity_tests.conftest import backend_or_skip
+from transformer_rosetta.cli import main
+from transformer_rosetta.porting import convert as convert_module
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import META_PROVENANCE, load_weights
 
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"  # float64
 

@@ -27,17 +27,17 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.adapter.backends import get_backend
-from common.app.tasks import get_task
-from common.app.trainer import train
-from common.decoding.search import beam_search, greedy_search, log_softmax
-from common.oracle import reference
-from common.oracle.training import oracle_loss
-from common.spec.config import preset
-from common.spec.masks import shift_right
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.app.tasks import get_task
+from transformer_rosetta.app.trainer import train
+from transformer_rosetta.decoding.search import beam_search, greedy_search, log_softmax
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.oracle.training import oracle_loss
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 TASK = get_task("numbers")
 F64_MARGIN = 1e-10

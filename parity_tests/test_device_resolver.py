@@ -3,8 +3,8 @@ for every form of request, in that framework's own naming.
 
 No GPU is needed. Each framework's own device enumeration (torch.cuda.device_count,
 tf.config.list_logical_devices, jax.devices, onnxruntime.get_available_providers) is replaced by
-one that reports three GPUs, or none; then the resolver (common.app.cli.args.device_for and
-check_devices_visible, over common.app.parity.resolve_devices and each backend's devices()) and
+one that reports three GPUs, or none; then the resolver (transformer_rosetta.app.cli.args.device_for and
+check_devices_visible, over transformer_rosetta.app.parity.resolve_devices and each backend's devices()) and
 each framework's own translation of the name it returns (torch.device, tf_impl's tf_device,
 jax_impl's jax_device, the onnxruntime session's provider options) are read back.
 
@@ -20,10 +20,15 @@ from __future__ import annotations
 
 import pytest
 
-from common.adapter.backends import RUNTIMES, get_backend, unavailable_reason
-from common.app.cli.args import UsageError, check_devices_visible, device_arg, device_for
-from common.app.parity import resolve_devices
 from parity_tests.conftest import backend_or_skip
+from transformer_rosetta.adapter.backends import RUNTIMES, get_backend, unavailable_reason
+from transformer_rosetta.app.cli.args import (
+    UsageError,
+    check_devices_visible,
+    device_arg,
+    device_for,
+)
+from transformer_rosetta.app.parity import resolve_devices
 
 GPUS = 3  # one more than "the first" and "the second": gpu:2 is the third, gpu:3 is past the end
 
@@ -120,11 +125,11 @@ def own_name(framework: str, device: str) -> object:
 
         return str(torch.device(device))
     if framework == "tf":
-        from tf_impl.backend import tf_device
+        from transformer_rosetta.tf_impl.backend import tf_device
 
         return tf_device(device)
     if framework == "jax":
-        from jax_impl.backend import jax_device
+        from transformer_rosetta.jax_impl.backend import jax_device
 
         placed = jax_device(device)
         return (placed.platform, placed.id)
@@ -220,7 +225,7 @@ def test_jax_refuses_a_gpu_it_does_not_have_in_one_line(monkeypatch):
     fake_gpus(monkeypatch, "jax", GPUS)
     import jax
 
-    from jax_impl.backend import jax_device
+    from transformer_rosetta.jax_impl.backend import jax_device
 
     assert jax_device("gpu:2") is jax.devices("gpu")[2]
     with pytest.raises(ValueError) as refused:
@@ -261,7 +266,7 @@ def test_onnx_runs_the_first_gpu_on_cuda_device_0(monkeypatch, request_):
     """onnxruntime's backend lists its CUDA provider as one GPU, cuda:0: every request for the
     first GPU gets a session on CUDA device 0, with TF32 off."""
     fake_gpus(monkeypatch, "onnx", GPUS)
-    from common.adapter.onnx_backend import session
+    from transformer_rosetta.adapter.onnx_backend import session
 
     assert get_backend("onnx").devices() == ["cpu", "cuda:0"]
     made = sessions_made(monkeypatch)
@@ -278,7 +283,7 @@ def test_onnx_refuses_a_gpu_it_does_not_list(monkeypatch):
 
 def test_onnx_without_cuda_runs_on_the_cpu(monkeypatch):
     fake_gpus(monkeypatch, "onnx", 0)
-    from common.adapter.onnx_backend import session
+    from transformer_rosetta.adapter.onnx_backend import session
 
     made = sessions_made(monkeypatch)
     session(b"graph", device_for("onnx", "auto"))
@@ -292,7 +297,7 @@ def test_an_onnx_session_on_cuda_n_asks_for_device_n(monkeypatch, device, index)
     """session(), onnxruntime's placement: the CUDA provider is given the index the device name
     holds (its device_id option), not always device 0."""
     backend_or_skip("onnx")
-    from common.adapter.onnx_backend import session
+    from transformer_rosetta.adapter.onnx_backend import session
 
     made = sessions_made(monkeypatch)
     session(b"graph", device)

@@ -1,4 +1,4 @@
-"""The search's per-step reduction on the device (common.decoding.search.TopStepper): each
+"""The search's per-step reduction on the device (transformer_rosetta.decoding.search.TopStepper): each
 framework's decode.top_k_log_probs against the spec's own float64 arithmetic, and a whole search
 through it against the same search fed the full logits.
 
@@ -16,7 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from common.decoding.search import (
+from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from transformer_rosetta.decoding.search import (
     Stepper,
     TopStepper,
     beam_search,
@@ -24,10 +25,9 @@ from common.decoding.search import (
     log_softmax,
     top_log_probs,
 )
-from common.spec.config import preset
-from common.spec.tolerances import ATOL
-from common.weights.init import init_weights
-from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.tolerances import ATOL
+from transformer_rosetta.weights.init import init_weights
 
 # Rows with ties at the top and across the k-th place; one row of equal logits.
 LOGITS = np.array(
@@ -43,7 +43,7 @@ LOGITS = np.array(
 def _torch(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
-    from torch_impl.decode import top_k_log_probs
+    from transformer_rosetta.torch_impl.decode import top_k_log_probs
 
     values, ids = top_k_log_probs(torch.from_numpy(logits), k)
     return values.numpy(), ids.numpy()
@@ -53,7 +53,7 @@ def _tf(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     backend_or_skip("tf")
     import tensorflow as tf
 
-    from tf_impl.decode import top_k_log_probs
+    from transformer_rosetta.tf_impl.decode import top_k_log_probs
 
     values, ids = top_k_log_probs(tf.constant(logits), k)
     return values.numpy(), ids.numpy()
@@ -62,7 +62,7 @@ def _tf(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def _jax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     import jax.numpy as jnp
 
-    from jax_impl.decode import top_k_log_probs
+    from transformer_rosetta.jax_impl.decode import top_k_log_probs
 
     values, ids = top_k_log_probs(jnp.asarray(logits), k)
     return np.asarray(values), np.asarray(ids)

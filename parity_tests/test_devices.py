@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.oracle import reference
-from common.spec.dtypes import numpy_dtype
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
-from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.grid import FULL_GRID, input_cases
 from parity_tests.vectors.make_vectors import VECTOR_CONFIGS
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.dtypes import numpy_dtype
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
+from transformer_rosetta.weights.init import init_weights
 
 VECTORS = Path(__file__).parent / "vectors"
 GRID_CONFIG = "post-relu-sin-interleaved-untied-bias"
@@ -171,7 +171,7 @@ def test_the_tf32_detector_has_teeth():
 def _torch_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import torch
 
-    from torch_impl.model import matmul_precision
+    from transformer_rosetta.torch_impl.model import matmul_precision
 
     with matmul_precision("highest"):
         c = torch.from_numpy(a).to(device) @ torch.from_numpy(b).to(device)
@@ -181,7 +181,7 @@ def _torch_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
 def _tf_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import tensorflow as tf
 
-    from tf_impl.model import matmul_precision
+    from transformer_rosetta.tf_impl.model import matmul_precision
 
     kind, _, index = device.partition(":")
     with tf.device(f"/{kind.upper()}:{index or 0}"), matmul_precision("highest"):
@@ -192,8 +192,8 @@ def _jax_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     # JAX's default on a GPU would be TF32.
     import jax
 
-    from jax_impl.backend import jax_device
-    from jax_impl.model import matmul_precision
+    from transformer_rosetta.jax_impl.backend import jax_device
+    from transformer_rosetta.jax_impl.model import matmul_precision
 
     target = jax_device(device)
     with matmul_precision("highest"):

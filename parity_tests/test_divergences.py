@@ -24,9 +24,10 @@ import re
 import numpy as np
 import pytest
 
-from common.adapter.backends import unavailable_reason
-from common.app import divergences
-from common.app.divergences import (
+from parity_tests.conftest import backend_or_skip
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.app import divergences
+from transformer_rosetta.app.divergences import (
     CLASS_KEYS,
     FRAMEWORK_NAMES,
     MEASURE_COMMAND,
@@ -35,12 +36,11 @@ from common.app.divergences import (
     catalogue_table,
     load_catalogue,
 )
-from common.oracle import reference
-from common.spec.config import preset
-from common.spec.inputs import ragged_batch
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
-from parity_tests.conftest import backend_or_skip
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 STALE = f"run {MEASURE_COMMAND}"
 BY_KEY = {d.key: d for d in REGISTRY}
@@ -384,8 +384,8 @@ def test_keras_stock_adam_puts_epsilon_before_the_bias_correction():
     import keras
     import tensorflow as tf
 
-    from common.oracle.training import ADAM_EPS, adam_step, noam_learning_rate
-    from tf_impl.train import Adam, noam_schedule
+    from transformer_rosetta.oracle.training import ADAM_EPS, adam_step, noam_learning_rate
+    from transformer_rosetta.tf_impl.train import Adam, noam_schedule
 
     # The rate as a float64 schedule, as in training (a Python float would be a float32 variable).
     d_model, warmup = 16, 10
@@ -509,7 +509,7 @@ def test_stock_einsum_dense_adds_a_per_head_bias_along_the_sequence():
     backend_or_skip("tf")
     import keras
 
-    from tf_impl.model import HeadProjection
+    from transformer_rosetta.tf_impl.model import HeadProjection
 
     x = np.array([[[1.0, 2.0], [3.0, 4.0]]])
     kernel = np.array([[[1.0], [0.0]], [[0.0], [1.0]]])  # (d, h, k): head i reads feature i

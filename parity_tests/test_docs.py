@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from common.adapter.backends import unavailable_reason
-from common.app import docs
-from common.spec.config import TransformerConfig
-from common.spec.names import canonical_specs
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.app import docs
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import canonical_specs
 
 
 def test_generated_tables_are_current():
@@ -20,7 +20,7 @@ def test_generated_tables_are_current():
     for doc, generators in docs.DOCUMENTS.items():
         text = doc.read_text()
         assert docs.render(text, generators) == text, (
-            f"{doc} is stale: run python -m common.app.docs"
+            f"{doc} is stale: run python -m transformer_rosetta.app.docs"
         )
 
 
@@ -69,18 +69,18 @@ def test_the_rosetta_pages_are_current():
     are read as text and the catalogue's numbers come from the JSON that `--measure` wrote."""
     text = docs.ROSETTA_DOC.read_text()
     assert docs.render(text, docs.ROSETTA_GENERATORS) == text, (
-        f"{docs.ROSETTA_DOC} is stale: run python -m common.app.docs"
+        f"{docs.ROSETTA_DOC} is stale: run python -m transformer_rosetta.app.docs"
     )
     for path, generate in docs.WHOLE_FILES.items():
         assert path.exists() and generate() == path.read_text(), (
-            f"{path} is stale: run python -m common.app.docs"
+            f"{path} is stale: run python -m transformer_rosetta.app.docs"
         )
 
 
 def test_an_edited_excerpt_makes_the_rosetta_page_stale(tmp_path, monkeypatch):
     """The staleness check bites: one line changed in an implementation's marked code changes
     both generated pages."""
-    from common.app import idioms
+    from transformer_rosetta.app import idioms
 
     for _, _, package in idioms.FRAMEWORKS:
         (tmp_path / package).mkdir()
@@ -97,7 +97,7 @@ def test_an_edited_excerpt_makes_the_rosetta_page_stale(tmp_path, monkeypatch):
     model.write_text(edited)
     before = docs.rosetta_concepts(), docs.rosetta_html()
     real = idioms.excerpts
-    from common.app import rosetta_page
+    from transformer_rosetta.app import rosetta_page
 
     monkeypatch.setattr(rosetta_page, "excerpts", lambda root=tmp_path: real(root))
     after = docs.rosetta_concepts(), docs.rosetta_html()

@@ -15,14 +15,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from common.oracle import reference
-from common.spec.config import TransformerConfig, preset
-from common.spec.dtypes import COMPUTE_DTYPES, numpy_dtype
-from common.spec.inputs import ragged_batch
-from common.spec.masks import decoder_self_mask, key_padding_mask
-from common.spec.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
-from common.weights.init import init_weights
 from parity_tests.grid import PAIRWISE_GRID, PAIRWISE_KEYS, input_cases
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.spec.dtypes import COMPUTE_DTYPES, numpy_dtype
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.masks import decoder_self_mask, key_padding_mask
+from transformer_rosetta.spec.tolerances import ATOL, BF16_PROBABILITY_RTOL, atol_for
+from transformer_rosetta.weights.init import init_weights
 
 # Three rows of the pairwise grid with every activation, position kind and embedding sharing.
 BF16_KEYS = [

@@ -17,15 +17,6 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.adapter.backends import get_backend
-from common.decoding.search import beam_search, greedy_search, log_softmax
-from common.errors import InputError
-from common.oracle.training import oracle_loss
-from common.spec.config import preset
-from common.spec.inputs import ragged_batch
-from common.spec.masks import shift_right
-from common.spec.names import canonical_shapes
-from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.test_training import (
     ARGMAX_MARGIN_F64,
@@ -33,6 +24,15 @@ from parity_tests.test_training import (
     LOSS_ATOL_F32,
     argmax_margin,
 )
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.decoding.search import beam_search, greedy_search, log_softmax
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.oracle.training import oracle_loss
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights.init import init_weights
 
 F64_MARGIN = 1e-10
 # A decoder-only model with the switches a GPT has, plus a pad in the prompt (a masked key) and

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from common.errors import WeightFileError
-from common.spec.config import preset
-from common.spec.names import canonical_shapes
-from common.weights import format as fmt
-from common.weights.init import init_weights
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights import format as fmt
+from transformer_rosetta.weights.init import init_weights
 
 CONFIG = preset("tiny").replace(share_embeddings=False, tgt_vocab_size=40, output_bias=True)
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.spec.config import TransformerConfig
-from common.weights.format import load_weights, save_weights
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.weights.format import load_weights, save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(__file__).parent / "vectors"
@@ -596,6 +596,11 @@ def test_doc_forward_does_not_use_the_project():
     source = Path(__file__).read_text()
     imports = re.findall(r"^(?:from|import) (\S+)", source, re.M)
     project = [
-        m for m in imports if m.split(".")[0] in {"common", "torch_impl", "tf_impl", "jax_impl"}
+        m
+        for m in imports
+        if m.split(".")[0] in {"transformer_rosetta", "common", "torch_impl", "tf_impl", "jax_impl"}
     ]
-    assert sorted(project) == ["common.spec.config", "common.weights.format"]
+    assert sorted(project) == [
+        "transformer_rosetta.spec.config",
+        "transformer_rosetta.weights.format",
+    ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.app import idioms
+from transformer_rosetta.app import idioms
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,19 +12,19 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from common.adapter.reference_backend import NumpyBackend  # noqa: E402
-from common.decoding import search  # noqa: E402
-from common.errors import InputError, WeightFileError  # noqa: E402
-from common.spec.config import preset  # noqa: E402
-from common.spec.inputs import ragged_batch  # noqa: E402
-from common.spec.masks import key_padding_mask  # noqa: E402
-from common.spec.names import canonical_shapes  # noqa: E402
-from common.spec.tolerances import atol_for  # noqa: E402
-from common.weights.init import init_weights  # noqa: E402
-from jax_impl import decode, weights  # noqa: E402
-from jax_impl.backend import FlaxBackend  # noqa: E402
-from jax_impl.model import MultiHeadAttention  # noqa: E402
 from parity_tests.grid import variant  # noqa: E402
+from transformer_rosetta.adapter.reference_backend import NumpyBackend  # noqa: E402
+from transformer_rosetta.decoding import search  # noqa: E402
+from transformer_rosetta.errors import InputError, WeightFileError  # noqa: E402
+from transformer_rosetta.jax_impl import decode, weights  # noqa: E402
+from transformer_rosetta.jax_impl.backend import FlaxBackend  # noqa: E402
+from transformer_rosetta.jax_impl.model import MultiHeadAttention  # noqa: E402
+from transformer_rosetta.spec.config import preset  # noqa: E402
+from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
+from transformer_rosetta.spec.masks import key_padding_mask  # noqa: E402
+from transformer_rosetta.spec.names import canonical_shapes  # noqa: E402
+from transformer_rosetta.spec.tolerances import atol_for  # noqa: E402
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 # Between them: a shared table, learned positions and a final norm; separate tables, a tied
 # output with its own bias (an nnx.Dict), sinusoids and no attention biases.
@@ -273,7 +273,7 @@ class Recording:
 
 
 def test_greedy_and_beam_search_decode_the_oracles_tokens():
-    """common.decoding.search over the float32 cached stepper gives the oracle's tokens, on a case whose
+    """transformer_rosetta.decoding.search over the float32 cached stepper gives the oracle's tokens, on a case whose
     greedy top-1 margin is far above float32's error (so equal tokens are a fair requirement)."""
     c, canonical, _, model = decode_case("pre-learned-untied", "float32")
     src, _ = ragged_batch(c, batch=2, src_len=5, tgt_len=2, seed=6)

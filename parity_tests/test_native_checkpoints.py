@@ -1,4 +1,4 @@
-"""Each framework's own checkpoint behind the adapter (common.adapter.backends.NativeCheckpoints): torch's
+"""Each framework's own checkpoint behind the adapter (transformer_rosetta.adapter.backends.NativeCheckpoints): torch's
 state_dict .pt, Keras's .weights.h5 and Flax's msgpack.
 
 - Round trips through every ordered pair of native formats are bit-exact, in float32, bfloat16,
@@ -20,11 +20,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from common.adapter.backends import FRAMEWORKS, NativeCheckpoints, unavailable_reason
-from common.errors import WeightFileError
-from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import variant
+from transformer_rosetta.adapter.backends import FRAMEWORKS, NativeCheckpoints, unavailable_reason
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.weights.init import init_weights
 
 NATIVE = [name for name in FRAMEWORKS if name != "numpy"]
 FILE_NAMES = {"torch": "model.pt", "tf": "model.weights.h5", "jax": "model.msgpack"}
@@ -93,7 +93,7 @@ def test_torch_file_is_the_models_state_dict(tmp_path, config_id):
     backend = backend_or_skip("torch")
     import torch
 
-    from torch_impl.model import Transformer
+    from transformer_rosetta.torch_impl.model import Transformer
 
     config = CONFIGS[config_id]
     weights = init_weights(config, seed=3, scheme="perturbed", dtype="bfloat16")
@@ -124,7 +124,7 @@ def test_torch_file_is_the_models_state_dict(tmp_path, config_id):
 @pytest.mark.parametrize("config_id", ["shared", "untied"])
 def test_keras_file_is_what_save_weights_writes_and_load_weights_reads(tmp_path, config_id):
     backend = backend_or_skip("tf")
-    from tf_impl import weights as tf_weights
+    from transformer_rosetta.tf_impl import weights as tf_weights
 
     config = CONFIGS[config_id]
     weights = init_weights(config, seed=3, scheme="perturbed", dtype="bfloat16")
@@ -144,7 +144,7 @@ def test_flax_file_is_the_msgpack_of_the_param_state(tmp_path, config_id):
     backend = backend_or_skip("jax")
     from flax import nnx, serialization
 
-    from jax_impl import weights as jax_weights
+    from transformer_rosetta.jax_impl import weights as jax_weights
 
     config = CONFIGS[config_id]
     weights = init_weights(config, seed=3, scheme="perturbed", dtype="bfloat16")
@@ -394,7 +394,7 @@ def test_a_writer_that_fails_midway_leaves_no_partial_file(tmp_path, name, monke
 
         monkeypatch.setattr(torch, "save", lambda obj, path, *a, **k: _fail_midway(path))
     elif name == "tf":
-        from tf_impl.model import Transformer
+        from transformer_rosetta.tf_impl.model import Transformer
 
         monkeypatch.setattr(
             Transformer, "save_weights", lambda self, path, *a, **k: _fail_midway(path)

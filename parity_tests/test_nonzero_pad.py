@@ -14,13 +14,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.adapter.reference_backend import PrefixStepper
-from common.app.tasks import get_task
-from common.decoding.search import beam_search, greedy_search, log_softmax, row_limits
-from common.spec.config import TransformerConfig
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, OTHER_IDS, PAIRWISE_GRID, input_cases
+from transformer_rosetta.adapter.reference_backend import PrefixStepper
+from transformer_rosetta.app.tasks import get_task
+from transformer_rosetta.decoding.search import beam_search, greedy_search, log_softmax, row_limits
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 PAD, BOS, EOS = OTHER_IDS["pad_id"], OTHER_IDS["bos_id"], OTHER_IDS["eos_id"]
 # Post-norm, concatenated sinusoids, a target table tied to the output, attention biases; and

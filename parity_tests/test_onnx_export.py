@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.adapter.backends import get_backend, unavailable_reason
-from common.app.cli.main import main
-from common.app.parity import run_parity
-from common.decoding.search import beam_search, greedy_search
-from common.oracle import reference
-from common.spec.inputs import ragged_batch
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
+from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.app.parity import run_parity
+from transformer_rosetta.cli import main
+from transformer_rosetta.decoding.search import beam_search, greedy_search
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 VECTORS = Path(__file__).parent / "vectors"
 # post-norm, tied output, concatenated sinusoids (Marian's kind)
@@ -53,7 +53,7 @@ def float32_weights(path: Path) -> tuple:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """POST_TIED exported with its attention maps by the CLI: (path, its onnxruntime session)."""
-    from common.adapter.onnx_backend import session
+    from transformer_rosetta.adapter.onnx_backend import session
 
     path = tmp_path_factory.mktemp("onnx") / "model.onnx"
     assert main(["export", str(POST_TIED), str(path), "--attention"]) == 0

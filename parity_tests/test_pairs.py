@@ -1,6 +1,6 @@
 """Every pair of frameworks, the oracle included, agrees through the adapter.
 
-The pairs are built from `common.adapter.backends.FRAMEWORKS`, so a newly registered backend joins every
+The pairs are built from `transformer_rosetta.adapter.backends.FRAMEWORKS`, so a newly registered backend joins every
 pair without an edit here. float64 within 1e-10 and float32 within 1e-5 (common/spec/tolerances.py);
 both attention paths; every mode each backend has. The oracle computes in float64 only: in a
 float32 pair it runs on the weights rounded to float32, as in test_backend_vs_oracle.py, so the
@@ -19,13 +19,13 @@ import itertools
 import numpy as np
 import pytest
 
-from common.adapter.backends import FRAMEWORKS, unavailable_reason
-from common.app.parity import ORACLE
-from common.spec.dtypes import numpy_dtype
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import FACTORS, PAIRWISE_GRID, PAIRWISE_KEYS, input_cases
+from transformer_rosetta.adapter.backends import FRAMEWORKS, unavailable_reason
+from transformer_rosetta.app.parity import ORACLE
+from transformer_rosetta.spec.dtypes import numpy_dtype
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 # Four rows of the pairwise grid: between them every norm position, activation, position kind,
 # embedding sharing and attention-bias setting appears (checked below).

@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.oracle.reference import forward as oracle_forward
-from common.oracle.reference import sinusoidal_positions
-from common.spec.inputs import ragged_batch
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.fixtures import SIZES
+from transformer_rosetta.oracle.reference import forward as oracle_forward
+from transformer_rosetta.oracle.reference import sinusoidal_positions
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 # The special ids given in --config: none of 0, 1, 2, so that a literal default shows. These
 # models have none of their own (docs/PORTING.md, "Decoder-only models").
@@ -58,7 +58,7 @@ DTYPES = ("float32", "float64")
 
 
 def run_convert(*args: object) -> int:
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     return main(["convert", *map(str, args)])
 
@@ -395,9 +395,9 @@ def test_the_way_back_gives_the_files_own_arrays(imported, case, tmp_path):
     """from_canonical inverts every step, so each fused or per-head source comes back bit for bit:
     minGPT's c_attn [3d, d] (split along rows), GPT-2's Conv1D c_attn [d, 3d] (`columns`, along
     axis 1), the encoder GPT's heads.{h}.q/k/v (one key per head) and its out.weight."""
-    from common.porting.gpt import TABLES
-    from common.porting.sources import read_source_tensors
-    from common.porting.table import from_canonical
+    from transformer_rosetta.porting.gpt import TABLES
+    from transformer_rosetta.porting.sources import read_source_tensors
+    from transformer_rosetta.porting.table import from_canonical
 
     _, _, wf = imported(case, "float32")
     source = read_source_tensors(saved(case, tmp_path))

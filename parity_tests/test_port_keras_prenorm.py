@@ -24,10 +24,10 @@ import json
 import numpy as np
 import pytest
 
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.fixtures import SIZES
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 # The text's Transformer has one vocab_size and one hopping_num, and a feed-forward 4 * hidden_dim
 # wide.
@@ -65,8 +65,8 @@ SOURCE_PAD_ROWS = [1, 2, 3]
 def imported(tmp_path_factory):
     """(the text's model in float64, its module, the imported WeightFile, the saved file)."""
     backend_or_skip("tf")
-    from common.app.cli.main import main
     from parity_tests.fixtures import keras_prenorm as fx
+    from transformer_rosetta.cli import main
 
     model = fx.make_model(TEXT_SIZES, seed=5, dtype="float64")
     folder = tmp_path_factory.mktemp("keras-prenorm")
@@ -117,7 +117,7 @@ def text_logits(model, enc_mask=None, dec_mask=None) -> np.ndarray:
 
 
 def test_the_file_holds_the_names_keras_3_gives_the_texts_classes(imported):
-    from common.porting.sources import read_source_tensors
+    from transformer_rosetta.porting.sources import read_source_tensors
 
     _, _, wf, path = imported
     names = set(read_source_tensors(path))
@@ -229,7 +229,7 @@ def write_h5(path, names: list[str]) -> None:
     ],
 )
 def test_the_other_layouts_are_refused_by_name(tmp_path, capsys, file, names, message):
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     pytest.importorskip("h5py")
     write_h5(tmp_path / file, names)

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.adapter.backends import get_backend
-from common.decoding.search import log_softmax
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.fixtures import SIZES
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.decoding.search import log_softmax
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_MAP = ROOT / "docs" / "examples" / "home_made.map.json"
@@ -87,7 +87,7 @@ def home_made(tmp_path_factory):
 
 
 def convert(folder: Path, map_path: Path, out: str = "out.safetensors", *extra: str) -> int:
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     args = ["convert", str(folder / "mine.safetensors"), str(folder / out), "--map", str(map_path)]
     return main([*args, "--config", str(folder / "heads.json"), *extra])

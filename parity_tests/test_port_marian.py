@@ -3,7 +3,7 @@
 Small MarianMTModels are built from a MarianConfig (nothing is downloaded), given random weights
 large enough that a dropped bias or a swapped LayerNorm shows (transformers' init is std 0.02, with
 LayerNorms at 1/0 and final_logits_bias at 0, which would hide both), saved with save_pretrained,
-read back with common.porting.marian, and run in the oracle, torch, Keras and Flax on ragged inputs.
+read back with transformer_rosetta.porting.marian, and run in the oracle, torch, Keras and Flax on ragged inputs.
 Logits must be within the float32 bound (1e-5, common/spec/tolerances.py) of transformers' own.
 """
 
@@ -26,11 +26,11 @@ from transformers.models.marian.modeling_marian import (  # noqa: E402
     MarianSinusoidalPositionalEmbedding,
 )
 
-from common.errors import ConfigError, WeightFileError  # noqa: E402
-from common.oracle.reference import sinusoidal_positions  # noqa: E402
-from common.porting import marian  # noqa: E402
-from common.spec.names import canonical_shapes  # noqa: E402
-from common.spec.tolerances import atol_for  # noqa: E402
+from transformer_rosetta.errors import ConfigError, WeightFileError  # noqa: E402
+from transformer_rosetta.oracle.reference import sinusoidal_positions  # noqa: E402
+from transformer_rosetta.porting import marian  # noqa: E402
+from transformer_rosetta.spec.names import canonical_shapes  # noqa: E402
+from transformer_rosetta.spec.tolerances import atol_for  # noqa: E402
 
 SMALL = dict(
     vocab_size=60,
@@ -177,7 +177,7 @@ def test_full_state_dict_imports_the_same(saved):
 
 def test_pytorch_model_bin(saved, tmp_path):
     """pytorch_model.bin is read through the torch backend (weights_only)."""
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     if not hasattr(get_backend("torch"), "read_tensors"):
         pytest.skip("the torch backend has no read_tensors yet")
@@ -191,8 +191,8 @@ def test_pytorch_model_bin(saved, tmp_path):
 
 
 def test_rosetta_convert_writes_a_loadable_file(saved, tmp_path):
-    from common.porting.convert import convert
-    from common.weights.format import load_weights
+    from transformer_rosetta.porting.convert import convert
+    from transformer_rosetta.weights.format import load_weights
 
     _, folder, config, weights, _, _ = saved
     out = tmp_path / "marian.safetensors"

@@ -21,15 +21,15 @@ pytest.importorskip("transformers")
 from safetensors.numpy import load_file  # noqa: E402
 from transformers import MarianMTModel  # noqa: E402
 
-from common.adapter.backends import get_backend  # noqa: E402
-from common.app.cli.main import main  # noqa: E402
-from common.decoding.search import greedy_search  # noqa: E402
-from common.porting import marian  # noqa: E402
-from common.spec.config import TransformerConfig  # noqa: E402
-from common.spec.tolerances import atol_for  # noqa: E402
-from common.weights.format import load_weights, save_weights  # noqa: E402
-from common.weights.init import init_weights  # noqa: E402
 from parity_tests.test_port_marian import hf_logits, inputs, saved  # noqa: E402, F401
+from transformer_rosetta.adapter.backends import get_backend  # noqa: E402
+from transformer_rosetta.cli import main  # noqa: E402
+from transformer_rosetta.decoding.search import greedy_search  # noqa: E402
+from transformer_rosetta.porting import marian  # noqa: E402
+from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
+from transformer_rosetta.spec.tolerances import atol_for  # noqa: E402
+from transformer_rosetta.weights.format import load_weights, save_weights  # noqa: E402
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 BASE = dict(
     src_vocab_size=40,

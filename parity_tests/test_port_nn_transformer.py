@@ -20,21 +20,21 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from common.adapter.backends import get_backend  # noqa: E402
-from common.errors import ConfigError, WeightFileError  # noqa: E402
-from common.oracle import reference  # noqa: E402
-from common.porting.nn_transformer import (  # noqa: E402
+from parity_tests.grid import TINY  # noqa: E402
+from transformer_rosetta.adapter.backends import get_backend  # noqa: E402
+from transformer_rosetta.errors import ConfigError, WeightFileError  # noqa: E402
+from transformer_rosetta.oracle import reference  # noqa: E402
+from transformer_rosetta.porting.nn_transformer import (  # noqa: E402
     check_config,
     infer_sizes,
     mapping_table,
     nn_transformer_to_canonical,
 )
-from common.spec.config import TransformerConfig  # noqa: E402
-from common.spec.inputs import ragged_batch  # noqa: E402
-from common.spec.masks import causal_mask, decoder_key_padding_mask, key_padding_mask  # noqa: E402
-from common.spec.names import canonical_shapes  # noqa: E402
-from common.spec.tolerances import atol_for  # noqa: E402
-from parity_tests.grid import TINY  # noqa: E402
+from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
+from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
+from transformer_rosetta.spec.masks import causal_mask, decoder_key_padding_mask, key_padding_mask  # noqa: E402
+from transformer_rosetta.spec.names import canonical_shapes  # noqa: E402
+from transformer_rosetta.spec.tolerances import atol_for  # noqa: E402
 
 # norm_first x activation, and with them the pipeline knobs around nn.Transformer, each varied
 # once: sharing/tying, output bias, position kind and layout, embedding scaling.
@@ -390,8 +390,8 @@ def test_infer_sizes_reads_what_the_state_dict_tells():
 def test_rosetta_convert_infers_nn_transformer_from_a_pt_file(tmp_path, capsys):
     """The whole CLI path: torch.save the pipeline, convert with the kind inferred from the
     tensor names, and the shared file's logits match the pipeline's slow path."""
-    from common.app.cli.main import main
-    from common.weights.format import load_weights
+    from transformer_rosetta.cli import main
+    from transformer_rosetta.weights.format import load_weights
 
     c = case_config("post-relu")
     model = random_pipeline(c, seed=5)

@@ -22,13 +22,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from common.adapter.backends import get_backend
-from common.decoding.search import greedy_search, log_softmax
-from common.spec.inputs import ragged_batch
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.fixtures import SIZES
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.decoding.search import greedy_search, log_softmax
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 # Per fixture: its module, the framework it needs, its sizes where they differ from SIZES, and
 # the special ids its text uses (Annotated: <s> 0, </s> 1, <blank> 2 as in its Multi30k
@@ -60,7 +60,7 @@ def sizes_of(kind: str) -> dict:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """(fixture model, its module, the imported WeightFile) per (kind, dtype), built once."""
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     cache = {}
 
@@ -199,7 +199,7 @@ def test_an_empty_source_is_where_the_texts_differ(converted, kind):
 
 
 def run_convert(*args: str) -> int:
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     return main(["convert", *map(str, args)])
 
@@ -257,8 +257,8 @@ def test_the_stored_float32_sinusoids_are_within_the_derived_bound():
     common/porting/table.py. Measured at most 0.17 (pos + 1) eps over 5000 positions."""
     import torch
 
-    from common.oracle.reference import sinusoidal_positions
-    from common.porting.table import sinusoid_bound
+    from transformer_rosetta.oracle.reference import sinusoidal_positions
+    from transformer_rosetta.porting.table import sinusoid_bound
 
     backend_or_skip("torch")
     for kind, key in (("annotated", "src_embed.1.pe"), ("pytorch-tutorial", None)):
@@ -311,7 +311,7 @@ def test_the_config_is_assembled_and_each_contradiction_named(
 def test_the_kinds_are_told_apart_by_their_names(converted, tmp_path):
     """rosetta convert needs no --from for these files: their names tell the kind (and ours,
     torch's and Keras's own checkpoints stay ours)."""
-    from common.porting.convert import infer_source_kind
+    from transformer_rosetta.porting.convert import infer_source_kind
 
     for kind in FIXTURES:
         model, fx, wf = converted(kind, "float32")

@@ -15,12 +15,17 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from common.app.cli.main import main
-from common.spec.config import preset
-from common.spec.precision import BENCH_PRECISIONS, PRECISIONS, bench_setting, check_precision
-from common.spec.tolerances import ATOL, atol_for
-from common.weights.init import init_weights
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from transformer_rosetta.cli import main
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.precision import (
+    BENCH_PRECISIONS,
+    PRECISIONS,
+    bench_setting,
+    check_precision,
+)
+from transformer_rosetta.spec.tolerances import ATOL, atol_for
+from transformer_rosetta.weights.init import init_weights
 
 
 def _torch_setting() -> tuple[str, str]:

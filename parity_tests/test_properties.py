@@ -23,8 +23,10 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from common.oracle import reference
-from common.spec.config import (
+from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
+from parity_tests.test_backend_vs_oracle import attention_masks
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import (
     ACTIVATIONS,
     MODEL_KINDS,
     NORM_KINDS,
@@ -33,10 +35,8 @@ from common.spec.config import (
     SINUSOID_LAYOUTS,
     TransformerConfig,
 )
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
-from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
-from parity_tests.test_backend_vs_oracle import attention_masks
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 # Examples per framework, sized by what a new shape costs it on a 2-core CPU (torch ~0.3 s,
 # Keras eager ~1 s, JAX ~2 s per compiled path and dtype): all of them together take < ~60 s.
@@ -139,7 +139,7 @@ def cases(draw: st.DrawFn) -> tuple[TransformerConfig, int, np.ndarray | None, n
     src[0, src_hole] = c.pad_id
     if tgt_hole is not None:
         tgt[0, tgt_hole] = c.pad_id
-    # A half takes only its own input (common.spec.inputs.check_inputs).
+    # A half takes only its own input (transformer_rosetta.spec.inputs.check_inputs).
     return (
         c,
         seed,

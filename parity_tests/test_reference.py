@@ -6,11 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.oracle import reference
-from common.spec.config import TransformerConfig, preset
-from common.spec.inputs import ragged_batch
-from common.spec.masks import causal_mask, decoder_self_mask, key_padding_mask, shift_right
-from common.weights.init import init_weights
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.masks import (
+    causal_mask,
+    decoder_self_mask,
+    key_padding_mask,
+    shift_right,
+)
+from transformer_rosetta.weights.init import init_weights
 
 CONFIG = preset("tiny").replace(num_heads=4, d_model=16, d_ff=24)
 

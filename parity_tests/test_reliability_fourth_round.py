@@ -15,14 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from common.app.cli.main import main
-from common.files.memory import GIB, USABLE_FRACTION, available_memory
-from common.files.outputs import OutputError, check_output_folder, refuse_inside_an_input
-from common.porting.onnx_file import CACHE_ROWS, cache_bytes
-from common.weights.format import load_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.test_port_marian_export import config_of, export
 from parity_tests.test_vectors import HERE
+from transformer_rosetta.cli import main
+from transformer_rosetta.files.memory import GIB, USABLE_FRACTION, available_memory
+from transformer_rosetta.files.outputs import (
+    OutputError,
+    check_output_folder,
+    refuse_inside_an_input,
+)
+from transformer_rosetta.porting.onnx_file import CACHE_ROWS, cache_bytes
+from transformer_rosetta.weights.format import load_weights
 
 VECTOR = HERE / "post_ln_shared.safetensors"
 
@@ -70,7 +74,7 @@ def test_the_cache_estimate_is_the_caches_real_size():
     torch_backend = backend_or_skip("torch")
     import torch
 
-    from torch_impl import decode
+    from transformer_rosetta.torch_impl import decode
 
     wf = load_weights(VECTOR)
     model = torch_backend.build(wf.config, wf.tensors, dtype="float64").module
@@ -154,9 +158,9 @@ def keras_sources(tmp_path: Path) -> dict[str, tuple[Path, dict]]:
     """{kind: (a .weights.h5 its own code wrote, the config fields convert needs)}."""
     import importlib
 
-    from common.spec.config import preset
-    from common.weights.init import init_weights
     from parity_tests.test_port_tutorials import FIXTURES, sizes_of
+    from transformer_rosetta.spec.config import preset
+    from transformer_rosetta.weights.init import init_weights
 
     tf = backend_or_skip("tf")
     out = {}
@@ -198,8 +202,8 @@ def test_no_h5_importer_reads_a_dataset_stored_outside_its_file(capsys, tmp_path
 
 
 def test_a_map_reads_h5_through_the_same_reader(tmp_path):
-    from common.errors import WeightFileError
-    from common.porting.sources import read_source_tensors
+    from transformer_rosetta.errors import WeightFileError
+    from transformer_rosetta.porting.sources import read_source_tensors
 
     source, _ = keras_sources(tmp_path)["tf-tutorial-v2"]
     crafted = tmp_path / "crafted" / source.name
@@ -223,7 +227,7 @@ def test_an_outside_fifo_is_never_opened(tmp_path):
     with h5py.File(crafted, "w") as h5:
         h5.create_dataset("layer/vars/0", shape=(4,), dtype="f4", external=[(str(fifo), 0, 16)])
     proc = subprocess.run(
-        [sys.executable, "-m", "common.app.cli", "convert", str(crafted), str(tmp_path / "o.pt"),
+        [sys.executable, "-m", "transformer_rosetta", "convert", str(crafted), str(tmp_path / "o.pt"),
          "--from", "tf-tutorial-v2"],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """Reading what a user hands us: every bad file is one line on stderr and exit 2, never a traceback.
 
-Four classes of input, each probed through `rosetta` itself (common.app.cli.main.main) and fuzzed below
+Four classes of input, each probed through `rosetta` itself (transformer_rosetta.app.cli.main.main) and fuzzed below
 the CLI with hypothesis: weight files (safetensors headers of the wrong types, shapes or offsets,
 nesting, links, FIFOs and devices), config JSON (ours and a Marian config.json), token ids
 (.npy/.npz judged from their headers) and torch checkpoints (what the bytes are instead). A FIFO
@@ -26,14 +26,14 @@ import safetensors.numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.app.cli.args import load_ids, load_inputs
-from common.app.cli.main import main
-from common.errors import RosettaError
-from common.files import safe_read
-from common.porting import marian
-from common.spec.config import TransformerConfig, preset
-from common.weights.format import load_weights, read_header, save_weights
-from common.weights.init import init_weights
+from transformer_rosetta.app.cli.args import load_ids, load_inputs
+from transformer_rosetta.cli import main
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files import safe_read
+from transformer_rosetta.porting import marian
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.weights.format import load_weights, read_header, save_weights
+from transformer_rosetta.weights.init import init_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = preset("tiny")
@@ -68,7 +68,7 @@ def cli_subprocess(*argv: str | Path) -> tuple[int, str]:
     """The CLI in its own process, killed after 60 s: for paths a blocking reader would hang on."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "common.app.cli", *map(str, argv)],
+            [sys.executable, "-m", "transformer_rosetta", *map(str, argv)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -675,7 +675,7 @@ def test_torch_file_says_what_it_is_instead(torch_convert, tmp_path, case):
 def test_int_tensors_are_listed_short(torch_convert, tmp_path):
     import torch
 
-    from torch_impl.weights import state_dict_from_canonical
+    from transformer_rosetta.torch_impl.weights import state_dict_from_canonical
 
     weights = {k: torch.from_numpy(v) for k, v in init_weights(CONFIG, seed=0).items()}
     state = {k: v.to(torch.int32) for k, v in state_dict_from_canonical(CONFIG, weights).items()}
@@ -699,7 +699,7 @@ def test_torch_path_that_is_no_regular_file(torch_convert, tmp_path, kind):
 
 def test_torch_reader_names_a_link_loop(tmp_path):
     pytest.importorskip("torch")
-    from torch_impl.weights import read_state_dict
+    from transformer_rosetta.torch_impl.weights import read_state_dict
 
     path = tmp_path / "w.pt"
     path.symlink_to(path)

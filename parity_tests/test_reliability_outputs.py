@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.app.cli.main import main
-from common.app.tasks import get_task
-from common.spec.config import preset
-from common.weights.format import load_weights, nonfinite_counts, save_weights
-from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
+from transformer_rosetta.app.tasks import get_task
+from transformer_rosetta.cli import main
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.weights.format import load_weights, nonfinite_counts, save_weights
+from transformer_rosetta.weights.init import init_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTOR = Path(__file__).parent / "vectors" / "pre_ln_untied.safetensors"
@@ -54,7 +54,7 @@ def cli(
     """The real console entry point in a fresh process (for streams, signals and FIFOs)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT), **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "common.app.cli", *map(str, argv)],
+        [sys.executable, "-m", "transformer_rosetta", *map(str, argv)],
         capture_output="stdout" not in kwargs and "stderr" not in kwargs,
         text=True,
         timeout=timeout,
@@ -123,7 +123,7 @@ def test_forward_needs_force_to_replace_an_existing_npz(capsys, tmp_path, ids):
 def test_train_refuses_an_existing_out_before_training(capsys, tmp_path, monkeypatch):
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"precious")
-    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", _no_training)
     code, stdout, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out
     )
@@ -189,7 +189,7 @@ def test_a_signal_during_a_real_write_leaves_nothing_and_keeps_the_old_file(
     dst = tmp_path / f"dst{suffix}"
     dst.write_bytes(b"the previous file, byte for byte")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "common.app.cli", "convert", str(base_file), str(dst), "--force",
+    argv = [sys.executable, "-m", "transformer_rosetta", "convert", str(base_file), str(dst), "--force",
             "--config", str(base_file.with_name("base.json"))]  # fmt: skip
     if suffix == ".safetensors":
         argv = argv[:-2]
@@ -247,7 +247,7 @@ def test_the_written_file_has_ordinary_permissions(capsys, tmp_path):
 def test_forward_outputs_that_cannot_be_written(capsys, tmp_path, ids, monkeypatch, out, needle):
     (tmp_path / "folder.npz").mkdir()
     (tmp_path / "file.npz").write_bytes(b"x")
-    monkeypatch.setattr("common.app.cli.forward.get_backend", _no_backend)
+    monkeypatch.setattr("transformer_rosetta.app.cli.forward.get_backend", _no_backend)
     code, _, err = run(
         capsys, "forward", "--framework", "numpy", "--weights", VECTOR,
         "--src", ids[0], "--tgt", ids[1], "--out", out.format(tmp=tmp_path),
@@ -271,7 +271,7 @@ def test_a_read_only_folder_is_refused_before_the_work(capsys, tmp_path, ids, mo
             pytest.skip("this user writes in a read-only folder (root); /proc covers the case")
         except PermissionError:
             pass
-        monkeypatch.setattr("common.app.cli.forward.get_backend", _no_backend)
+        monkeypatch.setattr("transformer_rosetta.app.cli.forward.get_backend", _no_backend)
         code, _, err = run(
             capsys, "forward", "--framework", "numpy", "--weights", VECTOR,
             "--src", ids[0], "--tgt", ids[1], "--out", folder / "out.npz",
@@ -283,7 +283,7 @@ def test_a_read_only_folder_is_refused_before_the_work(capsys, tmp_path, ids, mo
 
 def test_train_checks_the_loss_plot_before_training(capsys, tmp_path, monkeypatch):
     (tmp_path / "m.loss.png").mkdir()
-    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers",
         "--out", tmp_path / "m.safetensors", "--plot",
@@ -295,7 +295,7 @@ def test_train_checks_the_loss_plot_before_training(capsys, tmp_path, monkeypatc
 @pytest.mark.parametrize("command", ["train", "demo"])
 def test_a_read_only_current_folder_is_refused_before_training(capsys, monkeypatch, command):
     monkeypatch.chdir("/proc")
-    monkeypatch.setattr(f"common.app.cli.{command}.run_training", _no_training)
+    monkeypatch.setattr(f"transformer_rosetta.app.cli.{command}.run_training", _no_training)
     argv = ["train", "--framework", "torch", "--task", "numbers", "--out", "m.safetensors"]
     code, _, err = run(capsys, *(argv if command == "train" else ["demo"]))
     refused(code, err, "cannot write")
@@ -305,14 +305,14 @@ def test_demo_refuses_to_overwrite_an_earlier_demo_without_force(capsys, tmp_pat
     folder = tmp_path / "demo"
     folder.mkdir()
     (folder / "loss.png").write_bytes(b"earlier")
-    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.demo.run_training", _no_training)
     code, _, err = run(capsys, "demo", "--out", folder)
     refused(code, err, "loss.png exists; pass --force")
     assert (folder / "loss.png").read_bytes() == b"earlier"
 
 
 def test_demo_leaves_no_folder_when_it_fails_before_writing(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.demo.run_training", _no_training)
     with pytest.raises(AssertionError, match="training started"):
         main(["demo", "--out", str(tmp_path / "new" / "demo")])
     assert list(tmp_path.iterdir()) == []
@@ -324,7 +324,7 @@ def test_parity_plot_at_a_regular_file_is_refused_before_the_frameworks_run(
 ):
     target = tmp_path / "plots"
     target.write_bytes(b"x")
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
     where = target if plot == "file" else target / "inside"
     code, _, err = run(capsys, "parity", "--frameworks", "torch", "--plot", where)
     refused(code, err, "--plot")
@@ -337,7 +337,7 @@ def _no_parity(*_args: object, **_kwargs: object) -> None:
 
 def test_parity_plot_needs_force_to_replace_earlier_heatmaps(capsys, tmp_path, monkeypatch):
     (tmp_path / "encoder_layers_1_self_attention_head0.png").write_bytes(b"earlier")
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
     code, _, err = run(capsys, "parity", "--frameworks", "torch", "--plot", tmp_path)
     refused(code, err, "exists; pass --force")
 
@@ -353,7 +353,7 @@ def test_train_without_steps_uses_the_tasks_default(capsys, tmp_path, monkeypatc
         raise KeyboardInterrupt  # stop here: the default is what is being checked
 
     backend_or_skip("torch")
-    monkeypatch.setattr("common.app.cli.train.run_training", record)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", record)
     code = main(["train", "--framework", "torch", "--task", "numbers", "--out",
                  str(tmp_path / "m.safetensors")])  # fmt: skip
     assert code == 130 and seen == {"steps": 3000}  # the default the README documents
@@ -374,7 +374,7 @@ def test_seeds_outside_every_frameworks_range_are_refused(capsys, seed):
     ],
 )
 def test_requests_too_big_for_this_machine_are_refused_up_front(capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
     code, _, err = run(capsys, *argv)
     refused(code, err, needle, "GiB")
 
@@ -406,7 +406,7 @@ def test_forward_with_stderr_closed_still_works(tmp_path, ids):
     backend_or_skip("torch")
     out = tmp_path / "out.npz"
     proc = subprocess.run(
-        f"{sys.executable} -m common.app.cli forward --framework torch --weights {VECTOR} "
+        f"{sys.executable} -m transformer_rosetta forward --framework torch --weights {VECTOR} "
         f"--src {ids[0]} --tgt {ids[1]} --out {out} 2>&-",
         shell=True,
         capture_output=False,
@@ -431,7 +431,7 @@ def test_forward_with_stderr_closed_still_works(tmp_path, ids):
 def test_plot_choices_are_checked_before_any_framework_runs(
     capsys, tmp_path, monkeypatch, option, value, needle
 ):
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
     code, _, err = run(capsys, "parity", "--plot", tmp_path / "p", option, value)
     refused(code, err, needle)
     assert not (tmp_path / "p").exists()
@@ -550,7 +550,7 @@ def test_allowed_nonfinite_weights_decode_to_nothing_without_crashing(capsys, na
 
 
 def test_parity_plot_with_an_empty_folder_name_is_refused(capsys, monkeypatch):
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
     refused(*run(capsys, "parity", "--frameworks", "torch", "--plot", "")[::2], "empty")
 
 
@@ -582,7 +582,7 @@ def test_train_never_writes_its_loss_plot_over_its_starting_weights(capsys, tmp_
     weights = tmp_path / "m.loss.png"
     save_weights(weights, init_weights(task.config(), seed=0), task.config(), "t", task="numbers")
     before = weights.read_bytes()
-    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers", "--weights", weights,
         "--out", tmp_path / "m.safetensors", "--plot", "--force",
@@ -606,7 +606,7 @@ def test_convert_never_writes_into_the_folder_it_reads(capsys, tmp_path):
 def test_a_file_name_too_long_for_the_file_system_is_refused_before_training(
     capsys, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", _no_training)
     out = tmp_path / ("x" * 300 + ".safetensors")
     code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
     refused(code, err, "File name too long")
@@ -639,7 +639,7 @@ def test_a_disk_too_small_is_refused_before_writing(capsys, base_file, small_dis
 
 def test_train_refuses_a_disk_too_small_before_training(capsys, small_disk, monkeypatch):
     (small_disk / "filler").write_bytes(b"\0" * 150_000)
-    monkeypatch.setattr("common.app.cli.train.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", _no_training)
     code, _, err = run(
         capsys, "train", "--framework", "torch", "--task", "numbers",
         "--out", small_disk / "m.safetensors",
@@ -652,8 +652,8 @@ def test_train_refuses_a_disk_too_small_before_training(capsys, small_disk, monk
 def test_plots_and_demos_refuse_a_disk_too_small_before_running(
     capsys, small_disk, monkeypatch, command
 ):
-    monkeypatch.setattr("common.app.parity.run_parity", _no_parity)
-    monkeypatch.setattr("common.app.cli.demo.run_training", _no_training)
+    monkeypatch.setattr("transformer_rosetta.app.parity.run_parity", _no_parity)
+    monkeypatch.setattr("transformer_rosetta.app.cli.demo.run_training", _no_training)
     argv = {
         "parity": ["parity", "--frameworks", "torch", "--plot", small_disk / "plots"],
         "demo": ["demo", "--out", small_disk / "demo"],
@@ -679,8 +679,8 @@ def test_a_destination_that_appears_during_the_work_is_not_replaced(capsys, tmp_
         return [1.0]
 
     backend_or_skip("torch")
-    monkeypatch.setattr("common.app.cli.train.run_training", someone_else_writes)
-    monkeypatch.setattr("common.app.cli.train.exact_match", lambda *a: (0.0, []))
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.run_training", someone_else_writes)
+    monkeypatch.setattr("transformer_rosetta.app.cli.train.exact_match", lambda *a: (0.0, []))
     code, _, err = run(capsys, "train", "--framework", "torch", "--task", "numbers", "--out", out)
     assert code == 2 and "appeared while this command worked" in err.splitlines()[-1]
     assert out.read_bytes() == b"theirs"
@@ -741,7 +741,7 @@ def test_a_reader_that_goes_away_does_not_stop_the_work(tmp_path):
     backend_or_skip("torch")
     out = tmp_path / "m.safetensors"
     proc = subprocess.run(
-        f"{sys.executable} -m common.app.cli train --framework torch --task numbers --steps 2 "
+        f"{sys.executable} -m transformer_rosetta train --framework torch --task numbers --steps 2 "
         f"--out {out} | head -c1",
         shell=True,
         capture_output=True,

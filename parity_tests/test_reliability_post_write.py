@@ -23,7 +23,7 @@ import pytest
 from parity_tests.conftest import backend_or_skip
 
 VECTOR = Path(__file__).parent / "vectors" / "post_ln_shared.safetensors"
-ROSETTA = [sys.executable, "-m", "common.app.cli"]
+ROSETTA = [sys.executable, "-m", "transformer_rosetta"]
 OLD = b"an older file, which must survive"
 
 
@@ -86,7 +86,7 @@ def test_a_signal_during_verification_keeps_the_old_file(tmp_path, sig, name, fr
 # it into that ImportError, as onnxruntime's import did.
 SIGNAL_INSIDE_AN_IMPORT = """
 import os, signal, sys
-import common.porting.convert as convert
+import transformer_rosetta.porting.convert as convert
 def verification(*args, **kwargs):
     try:
         os.kill(os.getpid(), signal.SIGHUP)
@@ -94,7 +94,7 @@ def verification(*args, **kwargs):
         raise ImportError("initialization failed") from exc
     raise AssertionError("the signal handler did not run")
 convert.run_verification = verification
-from common.app.cli.main import main
+from transformer_rosetta.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from common.app import rosetta_page
-from common.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
+from transformer_rosetta.app import rosetta_page
+from transformer_rosetta.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
 
 WIDTH, HEIGHT = 1366, 900
 ORDER = [f for f, _, _ in FRAMEWORKS]
@@ -277,7 +277,7 @@ def test_the_page_is_deterministic_and_names_its_pygments(page):
 
     assert page == rosetta_page.html_page(fake_table(), CATALOGUE)
     assert f"Pygments {pygments.__version__}" in page
-    assert "python -m common.app.docs" in page
+    assert "python -m transformer_rosetta.app.docs" in page
 
 
 def test_screenshot_without_a_browser_exits_2_naming_the_install(monkeypatch, capsys, tmp_path):

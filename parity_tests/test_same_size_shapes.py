@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from common.adapter.backends import unavailable_reason
-from common.app.cli.main import main
-from common.errors import WeightFileError
-from common.spec.names import canonical_shapes
-from common.weights import format as fmt
-from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import variant
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.cli import main
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights import format as fmt
+from transformer_rosetta.weights.init import init_weights
 
 # d_model = h * d_k here (the grid's key_dim rider off): the same-size wrong forms below reshape
 # square projections.
@@ -123,7 +123,7 @@ def bad_native(tmp_path: Path, framework: str) -> tuple[Path, dict[str, str]]:
     if framework == "torch":
         import torch
 
-        from torch_impl.weights import native_name_map
+        from transformer_rosetta.torch_impl.weights import native_name_map
 
         keys = native_name_map(CONFIG)
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -134,7 +134,7 @@ def bad_native(tmp_path: Path, framework: str) -> tuple[Path, dict[str, str]]:
     if framework == "tf":
         import h5py
 
-        from tf_impl.weights import native_layout
+        from transformer_rosetta.tf_impl.weights import native_layout
 
         where = {name: ds for ds, name in native_layout(CONFIG).items()}
         with h5py.File(path, "r+") as h5:

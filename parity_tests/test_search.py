@@ -10,18 +10,18 @@ import itertools
 import numpy as np
 import pytest
 
-from common.adapter.reference_backend import NumpyBackend
-from common.decoding.search import (
+from transformer_rosetta.adapter.reference_backend import NumpyBackend
+from transformer_rosetta.decoding.search import (
     beam_search,
     greedy_search,
     length_penalty,
     log_softmax,
     row_limits,
 )
-from common.errors import InputError
-from common.oracle import reference
-from common.spec.config import preset
-from common.weights.init import init_weights
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.weights.init import init_weights
 
 SCORE_ATOL = 1e-12
 

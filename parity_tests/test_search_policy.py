@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from common.decoding.search import Stepper, beam_search, greedy_search
-from common.spec.config import TransformerConfig
+from transformer_rosetta.decoding.search import Stepper, beam_search, greedy_search
+from transformer_rosetta.spec.config import TransformerConfig
 
 SCORE_ATOL = 1e-12
 PAD, BOS, EOS = 3, 5, 2

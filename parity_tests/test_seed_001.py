@@ -26,12 +26,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.oracle.reference import feed_forward, layer_norm, sinusoidal_positions
-from common.spec.config import preset
-from common.spec.tolerances import atol_for
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.fixtures.draws import draw
 from parity_tests.fixtures.seed_001_unit3 import D_MODEL, SEQ_LEN, ffn, positional_encoding
+from transformer_rosetta.oracle.reference import feed_forward, layer_norm, sinusoidal_positions
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.tolerances import atol_for
 
 EPS = 1e-6  # LayerNormalization's default, which the text's example keeps
 # The text's example: x = torch.randn(batch_size, seq_len, d_model), fewer rows. A second input
@@ -120,7 +120,7 @@ def framework_norm(framework: str, config, gamma, beta, x: np.ndarray) -> np.nda
     if framework == "torch":
         import torch
 
-        from torch_impl.model import layer_norm as torch_norm
+        from transformer_rosetta.torch_impl.model import layer_norm as torch_norm
 
         norm = torch_norm(config).double()
         with torch.no_grad():
@@ -130,7 +130,7 @@ def framework_norm(framework: str, config, gamma, beta, x: np.ndarray) -> np.nda
     if framework == "tf":
         import keras
 
-        from tf_impl.model import layer_norm as keras_norm
+        from transformer_rosetta.tf_impl.model import layer_norm as keras_norm
 
         norm = keras_norm(config, name="norm", dtype="float64")
         norm.build((None, None, config.d_model))
@@ -140,8 +140,8 @@ def framework_norm(framework: str, config, gamma, beta, x: np.ndarray) -> np.nda
     import jax.numpy as jnp
     from flax import nnx
 
-    from jax_impl.model import layer_norm as flax_norm
-    from jax_impl.weights import x64_scope
+    from transformer_rosetta.jax_impl.model import layer_norm as flax_norm
+    from transformer_rosetta.jax_impl.weights import x64_scope
 
     with x64_scope("float64"):
         norm = flax_norm(config, dtype=jnp.float64, rngs=nnx.Rngs(0))
@@ -179,17 +179,17 @@ def test_each_frameworks_positions_are_the_texts_in_float64(framework):
     backend_or_skip(framework)
     text = positional_encoding(SEQ_LEN, D_MODEL)
     if framework == "torch":
-        from torch_impl.model import sinusoidal_positions as table
+        from transformer_rosetta.torch_impl.model import sinusoidal_positions as table
 
         got = table(SEQ_LEN, D_MODEL, "interleaved").numpy()
     elif framework == "tf":
         import keras
 
-        from tf_impl.model import sinusoidal_positions as table
+        from transformer_rosetta.tf_impl.model import sinusoidal_positions as table
 
         got = keras.ops.convert_to_numpy(table(SEQ_LEN, D_MODEL, "interleaved", "float64"))
     else:
-        from jax_impl.model import sinusoidal_positions as table
+        from transformer_rosetta.jax_impl.model import sinusoidal_positions as table
 
         got = np.asarray(table(SEQ_LEN, D_MODEL, "interleaved"))
     assert got.dtype == np.float64 and got.shape == text.shape

@@ -21,11 +21,17 @@ import zipfile
 import numpy as np
 import pytest
 
-from common.errors import ConfigError, InputError, WeightFileError
-from common.files import safe_read
-from common.files.safe_read import FileProblem, parse_json, read_ids, read_ids_npz, read_json
-from common.spec.config import TransformerConfig, preset
-from common.weights.format import load_weights
+from transformer_rosetta.errors import ConfigError, InputError, WeightFileError
+from transformer_rosetta.files import safe_read
+from transformer_rosetta.files.safe_read import (
+    FileProblem,
+    parse_json,
+    read_ids,
+    read_ids_npz,
+    read_json,
+)
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.weights.format import load_weights
 
 TWO_GIB = 2 * 1024**3  # MAX_NPY_BYTES: one token-id array
 ONE_MIB = 1024**2  # MAX_CONFIG_BYTES: a config (or any small JSON file)

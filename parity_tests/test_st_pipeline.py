@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.spec.tolerances import ATOL
-from common.weights.format import load_weights
+from transformer_rosetta.spec.tolerances import ATOL
+from transformer_rosetta.weights.format import load_weights
 
 BERT = {
     "model_type": "bert",
@@ -128,7 +128,7 @@ def st_folder(folder: Path, modules: list[dict], mode: str = "mean") -> Path:
 
 
 def rosetta(*args: str) -> int:
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     return main(list(args))
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.porting.table import from_canonical
-from common.porting.user_map import load_map
-from common.weights.format import load_weights
+from transformer_rosetta.porting.table import from_canonical
+from transformer_rosetta.porting.user_map import load_map
+from transformer_rosetta.weights.format import load_weights
 
 V, D, H, K, F = 7, 4, 2, 2, 6
 # Scaled values are computed (a product, or its inverse's quotient), so they are compared within
@@ -164,7 +164,7 @@ def every_step(tmp_path_factory):
     """(folder, the source arrays, the map's path, the converted file read back)."""
     from safetensors.numpy import save_file
 
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     folder = tmp_path_factory.mktemp("every-step")
     arrays = source_arrays()
@@ -257,7 +257,7 @@ def test_the_inverse_of_a_canonical_model_divides_by_the_scale(every_step):
 def convert_with(folder: Path, arrays: dict[str, np.ndarray], data: dict, name: str) -> int:
     from safetensors.numpy import save_file
 
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     save_file(arrays, str(folder / f"{name}.safetensors"))
     (folder / f"{name}.map.json").write_text(json.dumps(data))

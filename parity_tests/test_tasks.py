@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.app.tasks import get_task, number_to_words
-from common.errors import InputError
+from transformer_rosetta.app.tasks import get_task, number_to_words
+from transformer_rosetta.errors import InputError
 
 NUMBERS = get_task("numbers")
 

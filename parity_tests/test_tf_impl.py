@@ -13,26 +13,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.adapter.backends import unavailable_reason
-from common.adapter.reference_backend import NumpyBackend, PrefixStepper
-from common.decoding.search import beam_search, greedy_search
-from common.errors import InputError
-from common.oracle import reference
-from common.spec.config import TransformerConfig, preset
-from common.spec.inputs import ragged_batch
-from common.spec.names import canonical_shapes
-from common.spec.tolerances import atol_for
-from common.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID, input_cases
+from transformer_rosetta.adapter.backends import unavailable_reason
+from transformer_rosetta.adapter.reference_backend import NumpyBackend, PrefixStepper
+from transformer_rosetta.decoding.search import beam_search, greedy_search
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.init import init_weights
 
 if unavailable_reason("tf") is not None:
     pytest.skip(f"backend tf: {unavailable_reason('tf')}", allow_module_level=True)
 
 import keras  # noqa: E402
 
-from tf_impl.backend import KerasBackend  # noqa: E402
-from tf_impl.model import StdPlusEpsNorm  # noqa: E402
-from tf_impl.weights import (  # noqa: E402
+from transformer_rosetta.tf_impl.backend import KerasBackend  # noqa: E402
+from transformer_rosetta.tf_impl.model import StdPlusEpsNorm  # noqa: E402
+from transformer_rosetta.tf_impl.weights import (  # noqa: E402
     canonical_name,
     export_canonical,
     load_canonical,
@@ -152,10 +152,10 @@ OTHER_BACKEND_SCRIPT = """
 import json
 import keras
 import numpy as np
-from common.oracle import reference
-from common.weights.init import init_weights
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.weights.init import init_weights
 from parity_tests.grid import FULL_GRID, input_cases
-from tf_impl.weights import load_canonical, new_model
+from transformer_rosetta.tf_impl.weights import load_canonical, new_model
 
 config = FULL_GRID[{config_id!r}]
 weights = init_weights(config, 0, scheme="perturbed", dtype="float32")
@@ -303,7 +303,7 @@ def test_stepper_refuses_bad_input():
 
 
 def test_greedy_and_beam_search_decode_the_oracles_tokens():
-    """common.decoding.search over the cached float32 steps gives the oracle's tokens, on a case whose
+    """transformer_rosetta.decoding.search over the cached float32 steps gives the oracle's tokens, on a case whose
     greedy top-1 margin is checked to be far above float32's error."""
     c = DECODE_CONFIGS["tiny"]
     weights = init_weights(c, 1, scheme="perturbed", dtype="float64")

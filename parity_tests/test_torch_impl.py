@@ -7,23 +7,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from common.adapter.reference_backend import PrefixStepper  # noqa: E402
-from common.decoding.search import beam_search, greedy_search, log_softmax  # noqa: E402
-from common.errors import InputError  # noqa: E402
-from common.oracle import reference  # noqa: E402
-from common.spec.config import preset  # noqa: E402
-from common.spec.inputs import ragged_batch  # noqa: E402
-from common.spec.tolerances import atol_for  # noqa: E402
-from common.weights.init import init_weights  # noqa: E402
 from parity_tests.grid import FULL_GRID, PAIRWISE_GRID  # noqa: E402
-from torch_impl.backend import TorchBackend, _to_torch, to_numpy  # noqa: E402
-from torch_impl.model import Transformer  # noqa: E402
-from torch_impl.weights import (  # noqa: E402
+from transformer_rosetta.adapter.reference_backend import PrefixStepper  # noqa: E402
+from transformer_rosetta.decoding.search import beam_search, greedy_search, log_softmax  # noqa: E402
+from transformer_rosetta.errors import InputError  # noqa: E402
+from transformer_rosetta.oracle import reference  # noqa: E402
+from transformer_rosetta.spec.config import preset  # noqa: E402
+from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
+from transformer_rosetta.spec.tolerances import atol_for  # noqa: E402
+from transformer_rosetta.torch_impl.backend import TorchBackend, _to_torch, to_numpy  # noqa: E402
+from transformer_rosetta.torch_impl.model import Transformer  # noqa: E402
+from transformer_rosetta.torch_impl.weights import (  # noqa: E402
     canonical_from_state_dict,
     native_aliases,
     native_name_map,
     state_dict_from_canonical,
 )
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -267,7 +267,7 @@ class RecordingStepper:
 
 
 def test_searches_give_the_oracles_tokens():
-    """Greedy and beam search (common.decoding.search) over the torch cache, float32, against the same
+    """Greedy and beam search (transformer_rosetta.decoding.search) over the torch cache, float32, against the same
     searches over the oracle. Greedy's every decision is checked to be clear: the top two
     log-probabilities differ by far more than the float32 parity bound."""
     config = DECODE_CONFIGS["pre-final_norm"]

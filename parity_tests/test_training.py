@@ -14,15 +14,20 @@ import itertools
 import numpy as np
 import pytest
 
-from common.adapter.backends import FRAMEWORKS
-from common.oracle import reference
-from common.oracle.training import adam_step, label_smoothed_loss, noam_learning_rate, oracle_loss
-from common.spec.inputs import ragged_batch
-from common.spec.masks import shift_right
-from common.spec.names import canonical_shapes
-from common.weights.init import init_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.grid import PAIRWISE_GRID
+from transformer_rosetta.adapter.backends import FRAMEWORKS
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.oracle.training import (
+    adam_step,
+    label_smoothed_loss,
+    noam_learning_rate,
+    oracle_loss,
+)
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights.init import init_weights
 
 IMPLS = [f for f in FRAMEWORKS if f != "numpy"]
 CONFIGS = {k: PAIRWISE_GRID[k] for k in list(PAIRWISE_GRID)[:3]}
@@ -142,7 +147,7 @@ def test_gradients_agree_pairwise_in_float64(a, b, config_id):
 
 @pytest.mark.parametrize("name", IMPLS)
 def test_one_step_is_adam_with_torchs_epsilon_placement(name):
-    """One train step equals common.oracle.training.adam_step on the model's own gradients: this is
+    """One train step equals transformer_rosetta.oracle.training.adam_step on the model's own gradients: this is
     what pins Keras' epsilon (placed on sqrt(v) before bias correction) to torch's and optax's."""
     config = CONFIGS[next(iter(CONFIGS))]
     m, weights = model(name, config, "float64")

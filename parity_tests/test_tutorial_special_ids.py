@@ -18,11 +18,11 @@ from functools import partial
 
 import numpy as np
 
-from common.adapter.backends import get_backend
-from common.decoding.search import greedy_search
-from common.weights.format import load_weights
 from parity_tests.conftest import backend_or_skip
 from parity_tests.fixtures import SIZES
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.decoding.search import greedy_search
+from transformer_rosetta.weights.format import load_weights
 
 SRC_TOKENIZER, TGT_TOKENIZER = 40, 55  # tokenizer_pt.vocab_size, tokenizer_en.vocab_size
 START, END = TGT_TOKENIZER, TGT_TOKENIZER + 1  # the target's markers: 55 and 56
@@ -36,7 +36,7 @@ def converted(tmp_path, end_bias: float | None = None):
     """The text's model (float64, seed 11) saved as its user saves it and imported with the
     target's ids; `end_bias` set on the end token's output bias first (to make it win)."""
     backend_or_skip("tf")
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     fx = importlib.import_module("parity_tests.fixtures.tf_tutorial_v1")
     model = fx.make_model(SIZES_HERE, seed=11, dtype="float64")
@@ -102,7 +102,7 @@ def test_such_a_model_exports_its_decoder_step_to_onnx(tmp_path):
     the float64 oracle on seeded probes (exit 0: within the bound)."""
     backend_or_skip("torch")
     backend_or_skip("onnx")
-    from common.app.cli.main import main
+    from transformer_rosetta.cli import main
 
     _, _, wf = converted(tmp_path)
     out = tmp_path / "step.onnx"

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.oracle import reference
-from common.spec.tolerances import atol_for
-from common.weights.format import load_weights
 from parity_tests.vectors.make_vectors import VECTOR_CONFIGS, vector_inputs, write_vectors
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.tolerances import atol_for
+from transformer_rosetta.weights.format import load_weights
 
 HERE = Path(__file__).parent / "vectors"
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"

@@ -14,21 +14,20 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.adapter.backends import check_build_request, check_mode  # noqa: E402
-from common.decoding.search import (  # noqa: E402
+from transformer_rosetta.adapter.backends import check_build_request, check_mode  # noqa: E402
+from transformer_rosetta.decoding.search import (  # noqa: E402
     check_row_ids,
     check_step_budget,
     check_stepper_request,
     prompt_prefix,
 )
-from common.spec.config import TransformerConfig  # noqa: E402
-from common.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
-from common.spec.inputs import check_inputs, check_trainable  # noqa: E402
-from common.spec.masks import shift_right  # noqa: E402
-from common.spec.precision import DEFAULT_PRECISION  # noqa: E402
-from common.spec.results import ForwardOutput, LossOutput  # noqa: E402
-from common.weights.format import check_tensors  # noqa: E402
-from tf_impl.decode import (  # noqa: E402
+from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
+from transformer_rosetta.spec.dtypes import COMPUTE_DTYPES  # noqa: E402
+from transformer_rosetta.spec.inputs import check_inputs, check_trainable  # noqa: E402
+from transformer_rosetta.spec.masks import shift_right  # noqa: E402
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION  # noqa: E402
+from transformer_rosetta.spec.results import ForwardOutput, LossOutput  # noqa: E402
+from transformer_rosetta.tf_impl.decode import (  # noqa: E402
     encode_rows,
     init_cache,
     prefix_function,
@@ -36,8 +35,8 @@ from tf_impl.decode import (  # noqa: E402
     step_function,
     top_k_log_probs,
 )
-from tf_impl.model import Transformer, matmul_precision  # noqa: E402
-from tf_impl.train import (  # noqa: E402
+from transformer_rosetta.tf_impl.model import Transformer, matmul_precision  # noqa: E402
+from transformer_rosetta.tf_impl.train import (  # noqa: E402
     Adam,
     canonical_grads,
     loss_and_grads,
@@ -45,7 +44,7 @@ from tf_impl.train import (  # noqa: E402
     noam_schedule,
     train_step,
 )
-from tf_impl.weights import (  # noqa: E402
+from transformer_rosetta.tf_impl.weights import (  # noqa: E402
     KERAS_SUFFIX,
     export_canonical,
     load_canonical,
@@ -53,6 +52,7 @@ from tf_impl.weights import (  # noqa: E402
     read_native,
     write_native,
 )
+from transformer_rosetta.weights.format import check_tensors  # noqa: E402
 
 _ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 _HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
@@ -81,7 +81,7 @@ def _tensor(ids: np.ndarray | None) -> tf.Tensor | None:
 
 
 class KerasStepper:
-    """common.decoding.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
+    """transformer_rosetta.decoding.search.Stepper over tf_impl/decode.py: numpy in and out, the cache (or, uncached,
     the prefix) held between steps. Made by KerasModel.stepper. A decoder-only model's src is the
     prompt (B, P): cached, init_cache prefills its first P - 1 tokens; uncached, the prefix
     starts as them, with no memory."""
@@ -125,7 +125,7 @@ class KerasStepper:
         return to_numpy(self._logits(tokens))
 
     def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        """transformer_rosetta.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
         logits = self._logits(tokens)
         with tf.device(tf_device(self.model.device)):
             values, ids = top_k_log_probs(logits, k)
@@ -243,7 +243,7 @@ class KerasModel:
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
     ) -> KerasStepper:
         """Encode src (B, S) once; a Stepper over B * beams rows for at most max_steps steps
-        (common.adapter.backends.DecodingModel). cached=False recomputes the decoder prefix each step.
+        (transformer_rosetta.adapter.backends.DecodingModel). cached=False recomputes the decoder prefix each step.
         A decoder-only model takes the prompt (B, P) as src."""
         src = check_stepper_request(self.config, src, beams, max_steps)
         return KerasStepper(self, src, beams, max_steps, cached)
@@ -293,7 +293,7 @@ class KerasModel:
         warmup: int,
         factor: float = 1.0,
     ) -> list[float]:
-        """One Adam step (eps on sqrt(v_hat), as common.oracle.training.adam_step) per (src, tgt) batch
+        """One Adam step (eps on sqrt(v_hat), as transformer_rosetta.oracle.training.adam_step) per (src, tgt) batch
         at the Noam rate; steps count from 1 over the model's lifetime. Returns each step's loss,
         taken before its update.
 

@@ -37,7 +37,12 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tf_impl.model import Transformer, decoder_self_mask, key_padding_mask, statistics_dtype
+from transformer_rosetta.tf_impl.model import (
+    Transformer,
+    decoder_self_mask,
+    key_padding_mask,
+    statistics_dtype,
+)
 
 # idiom: a plain dict of tensors (a nested structure tf.function takes and returns as is)
 Cache = dict[str, Any]
@@ -209,7 +214,7 @@ def prefix_function(model: Transformer) -> Callable:
 def top_k_log_probs(logits: Any, k: int) -> tuple[Any, Any]:
     """The k best next tokens of every row of logits (N, V), on the device: their log-softmax
     values (N, k), in float32 or wider, and ids (N, k), best first and ties to the lower id, as
-    common.decoding.search.top_log_probs specifies (tf.math.top_k, under keras.ops.top_k,
+    transformer_rosetta.decoding.search.top_log_probs specifies (tf.math.top_k, under keras.ops.top_k,
     documents that order among equal values)."""
     log_probs = ops.log_softmax(ops.cast(logits, statistics_dtype(logits.dtype.name)), axis=-1)
     return ops.top_k(log_probs, k, sorted=True)

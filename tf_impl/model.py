@@ -25,8 +25,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from common.spec.config import TransformerConfig
-from common.spec.precision import DEFAULT_PRECISION, check_precision
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
 # -- masks: small pure functions mirroring common/spec/masks.py (boolean, True = may attend) ---------
 

@@ -16,9 +16,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from common.oracle.training import ADAM_BETAS, ADAM_EPS
-from tf_impl.model import Transformer
-from tf_impl.weights import variables_by_name
+from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
+from transformer_rosetta.tf_impl.model import Transformer
+from transformer_rosetta.tf_impl.weights import variables_by_name
 
 
 def label_smoothed_loss(
@@ -28,7 +28,7 @@ def label_smoothed_loss(
     target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors.
 
     Keras's `categorical_crossentropy(label_smoothing=)` is exactly this q (eps / V to every
-    class, the true one included; common.oracle.training.label_smoothed_loss), so it is used as is.
+    class, the true one included; transformer_rosetta.oracle.training.label_smoothed_loss), so it is used as is.
     """
     if logits.dtype in ("float16", "bfloat16"):
         # Softmax statistics in float32 or wider (docs/DESIGN.md, "Precision").
@@ -117,7 +117,7 @@ def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> NoamSchedul
 # idiom: Keras's Adam with the paper's epsilon placement (see the docstring)
 class Adam(keras.optimizers.Adam):
     """Kingma & Ba, Algorithm 1, with epsilon added to sqrt(v_hat): torch's and optax's placement,
-    which common.oracle.training.adam_step specifies.
+    which transformer_rosetta.oracle.training.adam_step specifies.
 
     Keras 3's Adam (keras/src/optimizers/adam.py, `update_step`) folds both bias corrections into
     the rate, alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), and steps w -= alpha * m / (sqrt(v) + eps):

@@ -23,14 +23,14 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from common.errors import WeightFileError
-from common.files.hdf5 import dataset_array, hdf5_datasets, stored_dtype
-from common.files.outputs import atomic_write
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import dtype_name, numpy_dtype
-from common.spec.names import canonical_shapes
-from common.weights.format import tensor_problems, weight_file_path
-from tf_impl.model import Transformer
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.files.hdf5 import dataset_array, hdf5_datasets, stored_dtype
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import dtype_name, numpy_dtype
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.tf_impl.model import Transformer
+from transformer_rosetta.weights.format import tensor_problems, weight_file_path
 
 # idiom: Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable
 # is "embeddings", and the layer's own name is already the canonical tensor name).

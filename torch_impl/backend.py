@@ -9,23 +9,22 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import (
+from transformer_rosetta.adapter.backends import check_build_request, check_mode
+from transformer_rosetta.decoding.search import (
     check_row_ids,
     check_step_budget,
     check_stepper_request,
     prompt_prefix,
 )
-from common.errors import WeightFileError
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs, check_trainable
-from common.spec.masks import shift_right
-from common.spec.precision import DEFAULT_PRECISION
-from common.spec.results import ForwardOutput, LossOutput
-from common.weights.format import check_tensors
-from torch_impl import decode, train
-from torch_impl.model import Transformer, matmul_precision
-from torch_impl.weights import (
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_inputs, check_trainable
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.results import ForwardOutput, LossOutput
+from transformer_rosetta.torch_impl import decode, train
+from transformer_rosetta.torch_impl.model import Transformer, matmul_precision
+from transformer_rosetta.torch_impl.weights import (
     TORCH_DTYPES,
     export_canonical,
     load_canonical,
@@ -33,6 +32,7 @@ from torch_impl.weights import (
     read_state_dict,
     write_native,
 )
+from transformer_rosetta.weights.format import check_tensors
 
 
 def _to_torch(a: np.ndarray) -> torch.Tensor:
@@ -58,7 +58,7 @@ def to_numpy(
 
 
 class TorchStepper:
-    """common.decoding.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
+    """transformer_rosetta.decoding.search.Stepper over torch_impl/decode.py: the key/value cache (cached=True) or the
     decoder re-run over the whole prefix (cached=False). Rows are src rows repeated `beams` times.
     A decoder-only model's src is the prompt (B, P): the cache is prefilled with its first P - 1
     tokens, or the uncached prefix starts as them, and there is no memory."""
@@ -106,7 +106,7 @@ class TorchStepper:
             return to_numpy(self._logits(tokens))  # (N, V): float32 or float64
 
     def step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """common.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
+        """transformer_rosetta.decoding.search.TopStepper: only (N, k) values and ids leave the device."""
         with torch.inference_mode():
             values, ids = decode.top_k_log_probs(self._logits(tokens), k)
             return to_numpy(values), ids.cpu().numpy()
@@ -315,9 +315,9 @@ class TorchBackend:
         attention: bool = False,
         max_steps: int | None = None,
     ) -> object:
-        """The onnx.ModelProto of one graph (common.spec.names.ONNX_GRAPHS) of a float32 model
+        """The onnx.ModelProto of one graph (transformer_rosetta.spec.names.ONNX_GRAPHS) of a float32 model
         holding `weights`, traced on the CPU. Needs the onnx extra (onnx, onnxscript)."""
-        from torch_impl.onnx_export import export_graph
+        from transformer_rosetta.torch_impl.onnx_export import export_graph
 
         model = self.build(config, weights, dtype="float32")
         return export_graph(model.module, graph, attention=attention, max_steps=max_steps)

@@ -9,7 +9,7 @@ The cache holds, as the tf and jax caches do (their containers differ: a datacla
 - `layers`, one entry per decoder layer: `self_key`, `self_value` (N, h, max_steps, d_k), a
   buffer preallocated for every position and written one position per step; `cross_key`,
   `cross_value` (N, h, S, d_k), the memory's keys and values, computed once;
-- `memory_mask` (N, 1, 1, S): the source padding (common.spec.masks.cross_mask);
+- `memory_mask` (N, 1, 1, S): the source padding (transformer_rosetta.spec.masks.cross_mask);
 - `key_valid` (N, max_steps) bool: which buffer positions are keys;
 - `index` () int64 (here; index_copy_ needs int64): the position the next step writes.
 N = B * beams rows; row r decodes source r // beams.
@@ -17,7 +17,7 @@ N = B * beams rows; row r decodes source r // beams.
 A decoder-only model (GPT) has no memory: cross_key, cross_value and memory_mask are None, and
 the buffers hold P - 1 + max_steps positions for a prompt (B, P), whose first P - 1 tokens
 `prefill` writes in one pass before the first step (the search then feeds the prompt's last
-token, common.decoding.search.start_tokens).
+token, transformer_rosetta.decoding.search.start_tokens).
 
 Written the way torch users keep a static cache: the buffers are written in place with
 `index_copy_` (copying a max_steps buffer every step would cost more than the step itself), and
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from torch_impl.model import (
+from transformer_rosetta.torch_impl.model import (
     LayerCache,
     Transformer,
     decoder_self_mask,
@@ -204,7 +204,7 @@ def prefix_step(
 def top_k_log_probs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k best next tokens of every row of logits (N, V), on the device: their log-softmax
     values (N, k), in float32 or wider, and ids (N, k), best first and ties to the lower id, as
-    common.decoding.search.top_log_probs specifies. k = 1 is an argmax (torch returns the first
+    transformer_rosetta.decoding.search.top_log_probs specifies. k = 1 is an argmax (torch returns the first
     maximum); otherwise a stable sort, since torch.topk promises no order among ties."""
     log_probs = torch.log_softmax(logits.to(statistics_dtype(logits.dtype)), dim=-1)
     if k == 1:

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.spec.config import TransformerConfig
-from common.spec.precision import DEFAULT_PRECISION, check_precision
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
 # -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
 
@@ -657,7 +657,7 @@ class Transformer(nn.Module):
     def forward(
         self, src: Tensor | None, tgt_in: Tensor | None, *, return_attention: bool = False
     ) -> dict[str, Tensor | list[Tensor] | None]:
-        """Teacher-forced decoding; the keys are the fields of common.spec.results.ForwardOutput.
+        """Teacher-forced decoding; the keys are the fields of transformer_rosetta.spec.results.ForwardOutput.
         The attention lists are None unless return_attention (the explicit path; otherwise the
         fused one throughout); the hidden states are always there. A half of the family takes
         only its own input (the other None) and leaves the other half's entries None (outputs)

@@ -33,14 +33,14 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from common.spec.names import ONNX_CACHE_FIELDS, onnx_io_names
-from common.spec.results import ATTENTION_OUTPUTS
-from torch_impl import decode
-from torch_impl.model import LayerCache, Transformer
+from transformer_rosetta.spec.names import ONNX_CACHE_FIELDS, onnx_io_names
+from transformer_rosetta.spec.results import ATTENTION_OUTPUTS
+from transformer_rosetta.torch_impl import decode
+from transformer_rosetta.torch_impl.model import LayerCache, Transformer
 
 
 def _flat(cache: decode.Cache) -> tuple[Tensor, ...]:
-    """The cache in common.spec.names.onnx_cache_names' order."""
+    """The cache in transformer_rosetta.spec.names.onnx_cache_names' order."""
     layers = [getattr(layer, f) for layer in cache.layers for f in ONNX_CACHE_FIELDS]
     return (*layers, cache.memory_mask, cache.key_valid, cache.index)
 
@@ -122,7 +122,7 @@ def export_graph(
     max_steps: int | None = None,
 ) -> object:
     """The onnx.ModelProto of one graph of `model` (in eval mode, on its device, in its dtype).
-    Inputs and outputs are named by common.spec.names.onnx_io_names."""
+    Inputs and outputs are named by transformer_rosetta.spec.names.onnx_io_names."""
     c = model.config
     inputs, outputs = onnx_io_names(c, graph, attention)
     steps = c.max_len if max_steps is None else max_steps

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.oracle.training import ADAM_BETAS, ADAM_EPS, noam_learning_rate
-from torch_impl.model import Transformer
-from torch_impl.weights import canonical_from_state_dict
+from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS, noam_learning_rate
+from transformer_rosetta.torch_impl.model import Transformer
+from transformer_rosetta.torch_impl.weights import canonical_from_state_dict
 
 
 def label_smoothed_loss(
@@ -54,7 +54,7 @@ def compute_loss(
     model: Transformer, src: Tensor | None, tgt_in: Tensor, tgt: Tensor
 ) -> tuple[Tensor, float, int]:
     """The loss of `model` on src (B, S) and the target tgt (B, T), teacher-forced: the decoder
-    reads tgt_in (tgt shifted right behind BOS, common.spec.masks.shift_right) and predicts tgt.
+    reads tgt_in (tgt shifted right behind BOS, transformer_rosetta.spec.masks.shift_right) and predicts tgt.
     A decoder-only model has no source (src None): a language model's next-token loss.
     Dropout follows the module's training flag."""
     c = model.config
@@ -111,14 +111,14 @@ def canonical_grads(model: Transformer) -> dict[str, Tensor]:  # idiom: grads li
 
 def noam_schedule(d_model: int, warmup: int, factor: float = 1.0) -> Callable[[int], float]:
     """Section 5.3, Eq. (3): step -> lrate = factor * d_model^-0.5 * min(step^-0.5,
-    step * warmup^-1.5), step counting from 1: common.oracle.training.noam_learning_rate itself
+    step * warmup^-1.5), step counting from 1: transformer_rosetta.oracle.training.noam_learning_rate itself
     (the function torch.optim.lr_scheduler.LambdaLR would take)."""
     return partial(noam_learning_rate, d_model=d_model, warmup=warmup, factor=factor)
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Adam:  # idiom: train_step sets the rate
     """Section 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9. torch adds eps to
-    sqrt(v_hat), as common.oracle.training.adam_step does. model.parameters() yields a tied Parameter
+    sqrt(v_hat), as transformer_rosetta.oracle.training.adam_step does. model.parameters() yields a tied Parameter
     once, so a tied tensor has one set of moments. The learning rate is set before every step
     (train_step), so warmup and factor are train_step's arguments, not this one's."""
     # rosetta: optimizer

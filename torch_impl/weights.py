@@ -1,6 +1,6 @@
 """Canonical weights <-> the torch model's state_dict.
 
-Every name comes from common.spec.names; this file says only what is special to torch. nn.Linear
+Every name comes from transformer_rosetta.spec.names; this file says only what is special to torch. nn.Linear
 computes y = x W^T + b with W stored [out, in], while the canonical layout is y = x @ kernel + b:
 
     canonical                          shape            state_dict               shape
@@ -39,13 +39,13 @@ from typing import IO
 import torch
 from torch import Tensor, nn
 
-from common.errors import WeightFileError
-from common.files.outputs import atomic_write
-from common.files.safe_read import listing, os_problem, shown
-from common.spec.config import TransformerConfig
-from common.spec.names import TensorSpec, canonical_specs, embedding_names
-from common.weights.format import dtype_problems, weight_file_path
-from torch_impl.model import Transformer
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.files.safe_read import listing, os_problem, shown
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import TensorSpec, canonical_specs, embedding_names
+from transformer_rosetta.torch_impl.model import Transformer
+from transformer_rosetta.weights.format import dtype_problems, weight_file_path
 
 
 def native_name_map(config: TransformerConfig) -> dict[str, str]:
@@ -179,7 +179,7 @@ TORCH_DTYPES = {
 
 def _dtype_name(t: Tensor) -> str:
     """'float32', 'bfloat16', ..., 'int64': torch's name without the 'torch.' prefix, which for
-    the floats is the format's name (common.spec.dtypes)."""
+    the floats is the format's name (transformer_rosetta.spec.dtypes)."""
     return str(t.dtype).removeprefix("torch.")
 
 

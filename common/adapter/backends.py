@@ -19,11 +19,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from common.decoding.search import Stepper
-from common.errors import BackendUnavailable
-from common.spec.config import TransformerConfig
-from common.spec.precision import DEFAULT_PRECISION, check_precision
-from common.spec.results import ForwardOutput, LossOutput
+from transformer_rosetta.decoding.search import Stepper
+from transformer_rosetta.errors import BackendUnavailable
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
+from transformer_rosetta.spec.results import ForwardOutput, LossOutput
 
 
 @runtime_checkable
@@ -51,7 +51,7 @@ class Model(Protocol):
         """Eval-mode forward. `attention=True` takes the explicit path and returns probabilities;
         `attention=False` takes the framework's fused attention kernel. `mode` is one of the
         backend's `modes` ("eager", "compiled"). A half of the family takes None for the input
-        it lacks (common.spec.inputs.check_inputs). Raises InputError for ids the model cannot
+        it lacks (transformer_rosetta.spec.inputs.check_inputs). Raises InputError for ids the model cannot
         take.
         """
         ...
@@ -62,21 +62,21 @@ class TrainableModel(Protocol):
     """A Model that can also be trained (each impl's train.py, behind its backend).
 
     Both take the target itself (B, T): the model reads it shifted right behind BOS
-    (common.spec.masks.shift_right) and predicts it; pad targets do not count. Dropout follows the
+    (transformer_rosetta.spec.masks.shift_right) and predicts it; pad targets do not count. Dropout follows the
     config (tests use dropout 0, so that the three frameworks take identical steps).
     """
 
     def loss_and_grads(self, src: np.ndarray | None, tgt: np.ndarray) -> LossOutput:
-        """Label-smoothed loss (common.oracle.training.label_smoothed_loss) and its gradient for every
+        """Label-smoothed loss (transformer_rosetta.oracle.training.label_smoothed_loss) and its gradient for every
         canonical tensor, under canonical names and layouts. A decoder-only model takes src None;
-        an encoder-only one cannot train (InputError, common.spec.inputs.check_trainable)."""
+        an encoder-only one cannot train (InputError, transformer_rosetta.spec.inputs.check_trainable)."""
         ...
 
     def train_steps(
         self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
     ) -> list[float]:
         """One step of the framework's own Adam (0.9, 0.98, 1e-9, eps placed as in
-        common.oracle.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps
+        transformer_rosetta.oracle.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps
         count from 1 for the model's lifetime). Returns each step's loss, taken before its update;
         the model's weights (export()) are updated in place."""
         ...
@@ -86,7 +86,7 @@ class TrainableModel(Protocol):
 class DecodingModel(Protocol):
     """A Model that can decode autoregressively (each impl's decode.py, behind its backend).
 
-    The search itself is common.decoding.search's, written once; the model supplies one step at a time.
+    The search itself is transformer_rosetta.decoding.search's, written once; the model supplies one step at a time.
     """
 
     def stepper(
@@ -95,7 +95,7 @@ class DecodingModel(Protocol):
         """Encode src (B, S) once and return a Stepper over B * beams rows (row r decodes source
         r // beams) that takes at most max_steps steps (BOS included). For a decoder-only model
         src is the prompt (B, P): its first P - 1 tokens are prefilled into the cache, and the
-        first step feeds its last token (common.decoding.search.start_tokens).
+        first step feeds its last token (transformer_rosetta.decoding.search.start_tokens).
 
         cached=True keeps every decoder layer's self-attention keys and values (a buffer of
         max_steps positions, written one position per step) and the cross-attention keys and
@@ -203,29 +203,39 @@ class BackendInfo:
 REGISTRY: dict[str, BackendInfo] = {
     "numpy": BackendInfo(
         "numpy",
-        "common.adapter.reference_backend",
+        "transformer_rosetta.adapter.reference_backend",
         "NumpyBackend",
         ("numpy",),
         "",
         "NumPy float64 oracle",
     ),
     "torch": BackendInfo(
-        "torch", "torch_impl.backend", "TorchBackend", ("torch",), "torch", "PyTorch"
+        "torch",
+        "transformer_rosetta.torch_impl.backend",
+        "TorchBackend",
+        ("torch",),
+        "torch",
+        "PyTorch",
     ),
     "tf": BackendInfo(
         "tf",
-        "tf_impl.backend",
+        "transformer_rosetta.tf_impl.backend",
         "KerasBackend",
         ("tensorflow", "keras"),
         "tf",
         "Keras 3 / TensorFlow",
     ),
     "jax": BackendInfo(
-        "jax", "jax_impl.backend", "FlaxBackend", ("jax", "flax"), "jax", "Flax NNX / JAX"
+        "jax",
+        "transformer_rosetta.jax_impl.backend",
+        "FlaxBackend",
+        ("jax", "flax"),
+        "jax",
+        "Flax NNX / JAX",
     ),
     "onnx": BackendInfo(
         "onnx",
-        "common.adapter.onnx_backend",
+        "transformer_rosetta.adapter.onnx_backend",
         "OnnxBackend",
         ("torch", "onnx", "onnxscript", "onnxruntime"),
         "onnx",

@@ -19,14 +19,18 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from common.adapter.backends import check_build_request, check_mode, get_backend
-from common.decoding.search import check_row_ids, check_step_budget, check_stepper_request
-from common.errors import InputError
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs
-from common.spec.names import canonical_shapes, onnx_cache_names
-from common.spec.precision import DEFAULT_PRECISION, check_precision
-from common.spec.results import ATTENTION_OUTPUTS, ForwardOutput, attention_layers
+from transformer_rosetta.adapter.backends import check_build_request, check_mode, get_backend
+from transformer_rosetta.decoding.search import (
+    check_row_ids,
+    check_step_budget,
+    check_stepper_request,
+)
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_inputs
+from transformer_rosetta.spec.names import canonical_shapes, onnx_cache_names
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
+from transformer_rosetta.spec.results import ATTENTION_OUTPUTS, ForwardOutput, attention_layers
 
 
 def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> object:
@@ -46,7 +50,7 @@ def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISI
 
 
 class OnnxStepper:
-    """common.decoding.search.Stepper over the "encoder" and "decoder_step" graphs: the cache
+    """transformer_rosetta.decoding.search.Stepper over the "encoder" and "decoder_step" graphs: the cache
     goes out of one run as present.* and back into the next as past.*."""
 
     def __init__(self, model: OnnxModel, src: np.ndarray, beams: int, max_steps: int) -> None:

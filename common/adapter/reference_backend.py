@@ -6,18 +6,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.adapter.backends import check_build_request, check_mode
-from common.decoding.search import check_stepper_request, prompt_prefix
-from common.oracle import reference
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs
-from common.spec.names import canonical_shapes
-from common.spec.precision import DEFAULT_PRECISION
-from common.spec.results import ForwardOutput
+from transformer_rosetta.adapter.backends import check_build_request, check_mode
+from transformer_rosetta.decoding.search import check_stepper_request, prompt_prefix
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_inputs
+from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.results import ForwardOutput
 
 
 class PrefixStepper:
-    """The oracle's Stepper (common.decoding.search): it re-runs reference.decode over the whole prefix at
+    """The oracle's Stepper (transformer_rosetta.decoding.search): it re-runs reference.decode over the whole prefix at
     every step, the plainest correct decoder, against which every cache is tested. A decoder-only
     model's src is the prompt: the prefix starts as its first P - 1 tokens, and there is no
     memory."""

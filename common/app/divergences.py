@@ -3,7 +3,7 @@ this project sets instead, and the measured effect of keeping the default.
 
 Each entry of REGISTRY is one function that measures one number with the framework's own code,
 on the CPU, and the static text that says what was measured. `write_measurements()` runs them all
-(`python -m common.app.docs --measure divergences`, or `python -m common.app.divergences`) and
+(`python -m transformer_rosetta.app.docs --measure divergences`, or `python -m transformer_rosetta.app.divergences`) and
 writes docs/divergences.json; `catalogue_table()` renders that file as the table in
 docs/ROSETTA.md, so no number in the docs is typed in.
 
@@ -47,13 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from common.files.outputs import atomic_write
-from common.spec.config import TransformerConfig, preset
-from common.spec.inputs import ragged_batch
-from common.weights.init import init_weights
+from transformer_rosetta.app.checkout import checkout_or_cwd
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.spec.config import TransformerConfig, preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.weights.init import init_weights
 
-MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "divergences.json"
-MEASURE_COMMAND = "python -m common.app.docs --measure divergences"
+MEASUREMENTS = checkout_or_cwd() / "docs" / "divergences.json"
+MEASURE_COMMAND = "python -m transformer_rosetta.app.docs --measure divergences"
 # The keys of a record, in the order the JSON file lists them: the static text (the first seven),
 # then what was measured, where, and, for a row that depends on the hardware, each class's record.
 RECORD_KEYS = (
@@ -175,7 +176,7 @@ class Divergence:
     """One row of the catalogue: the text (static, so that the JSON can be checked against it
     without any framework) and the function that measures its number.
 
-    `needs` names the backend (common.adapter.backends) whose framework the measurement imports,
+    `needs` names the backend (transformer_rosetta.adapter.backends) whose framework the measurement imports,
     None for numpy only. `cost` is "cheap" (seconds: the tests measure it again) or "slow".
     `rtol` is the relative difference allowed when it is measured again (FLOAT64_RTOL unless
     the entry's point is float32 or bfloat16 rounding, which another CPU's kernels may sum in
@@ -325,7 +326,7 @@ def _weights(config: TransformerConfig, dtype: str) -> dict[str, np.ndarray]:
 
 
 def _build(framework: str, config: TransformerConfig, dtype: str) -> Any:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     return get_backend(framework).build(config, _weights(config, dtype), dtype=dtype)
 
@@ -456,7 +457,7 @@ def layer_norm_eps_torch() -> float:
     needs="tf",
 )
 def layer_norm_eps_keras() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")  # sets KERAS_BACKEND and TensorFlow's logging before keras is imported
     import keras
@@ -481,7 +482,7 @@ def layer_norm_eps_keras() -> float:
     cost="slow",
 )
 def layer_norm_eps_flax() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     from flax import nnx
@@ -515,7 +516,7 @@ FAST_VARIANCE_OURS = "`use_fast_variance=False`: E[(x − mean)²], `jax_impl/mo
     depends_on="the CPU's summation order (XLA's float32 kernels): its size, within a factor 2",
 )
 def fast_variance_logits() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     from flax import nnx
@@ -555,7 +556,7 @@ def layer_norm_offset_inputs(dtype: Any = np.float32) -> np.ndarray:
     rtol=ROUNDING_RTOL,
 )
 def fast_variance_offset() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     import jax.numpy as jnp
@@ -592,12 +593,12 @@ GELU_EFFECT = "max |Δ logits|, tiny preset with activation `gelu`, float64"
     cost="slow",
 )
 def gelu_approximate_jax() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     import jax
 
-    from jax_impl import model as flax_model
+    from transformer_rosetta.jax_impl import model as flax_model
 
     _check_default("jax.nn.gelu approximate", _default_of(jax.nn.gelu, "approximate"), True)
     return _logit_effect(
@@ -618,12 +619,12 @@ def gelu_approximate_jax() -> float:
     needs="tf",
 )
 def gelu_approximate_keras() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import keras
 
-    from tf_impl import model as keras_model
+    from transformer_rosetta.tf_impl import model as keras_model
 
     _check_default("keras.ops.gelu approximate", _default_of(keras.ops.gelu, "approximate"), True)
     return _logit_effect(
@@ -644,12 +645,12 @@ def gelu_approximate_keras() -> float:
     needs="tf",
 )
 def gelu_float32_constants_tf() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import keras
 
-    from tf_impl import model as keras_model
+    from transformer_rosetta.tf_impl import model as keras_model
 
     def exact_gelu(x: Any) -> Any:
         return keras.ops.gelu(x, approximate=False)
@@ -733,7 +734,7 @@ def masked_row_sdpa_torch() -> float:
     depends_on=EXACT,
 )
 def masked_row_jax() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     import jax
@@ -756,7 +757,7 @@ def masked_row_jax() -> float:
     depends_on=EXACT,
 )
 def masked_row_keras() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     from keras import ops
@@ -782,10 +783,10 @@ def masked_row_keras() -> float:
     cost="slow",
 )
 def fused_attention_float64_jax() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
-    from jax_impl import model as flax_model
+    from transformer_rosetta.jax_impl import model as flax_model
 
     def kernel(q: Any, k: Any, v: Any, mask: Any, dropout: Any) -> tuple[Any, None]:
         return flax_model.fused_attention(q, k, v, mask), None
@@ -809,12 +810,12 @@ def fused_attention_float64_jax() -> float:
     needs="tf",
 )
 def attention_scale_float32_tf() -> float:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     from keras import ops
 
-    from tf_impl import model as keras_model
+    from transformer_rosetta.tf_impl import model as keras_model
 
     def scale_argument(q: Any, k: Any, v: Any, mask: Any) -> Any:
         # ours with q's pre-scaling undone and the scale handed to the kernel instead: the
@@ -863,16 +864,21 @@ def _keras_training(variant: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     - "ours_keras_eps": ours with Keras's default epsilon.
     The training step is tf_impl/train.py's `train_step` in a `tf.function` (a graph, not XLA:
     the same for every variant, and faster to trace)."""
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import keras
     import tensorflow as tf
 
-    from common.oracle.training import ADAM_BETAS, ADAM_EPS
-    from common.spec.masks import shift_right
-    from tf_impl import train
-    from tf_impl.weights import export_canonical, load_canonical, new_model, variables_by_name
+    from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
+    from transformer_rosetta.spec.masks import shift_right
+    from transformer_rosetta.tf_impl import train
+    from transformer_rosetta.tf_impl.weights import (
+        export_canonical,
+        load_canonical,
+        new_model,
+        variables_by_name,
+    )
 
     config = _tiny()
     model = new_model(config, "float64")
@@ -1012,7 +1018,7 @@ class _TF32Products(np.ndarray):
 def tf32_emulated_effect() -> float:
     """max |Δ logits| of the float64 oracle with every matmul and einsum operand rounded to TF32
     against the oracle as it is, on the tiny preset's float32 weights."""
-    from common.oracle import reference
+    from transformer_rosetta.oracle import reference
 
     config = _tiny()
     weights = _weights(config, "float32")
@@ -1115,7 +1121,7 @@ def tf_bf16_kernels() -> str:
     bf16_operands() on the CPU: "Eigen" when the result is the float32 product truncated to
     bfloat16, "oneDNN" when it is within one rounding to nearest of the exact product, and
     "other" for a kernel neither describes (no record can match it: measure it)."""
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import tensorflow as tf
@@ -1171,7 +1177,7 @@ SOFTMAX_OURS = "scores cast to float32 (`statistics_dtype`), the probabilities r
     needs="jax",
 )
 def bf16_softmax_jax() -> tuple[float, str]:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("jax")
     import jax
@@ -1196,7 +1202,7 @@ def bf16_softmax_jax() -> tuple[float, str]:
     hardware=TF_BF16,
 )
 def bf16_softmax_keras() -> tuple[float, str]:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     from keras import ops
@@ -1237,7 +1243,7 @@ BF16_PRODUCT_EFFECT = (
     hardware=TF_BF16,
 )
 def bf16_matmul_tf() -> tuple[float, str]:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import tensorflow as tf
@@ -1263,7 +1269,7 @@ def bf16_matmul_tf() -> tuple[float, str]:
     hardware=TF_BF16,
 )
 def bf16_einsum_tf() -> tuple[float, str]:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import tensorflow as tf
@@ -1296,12 +1302,12 @@ BIAS_ADD_ATTENTION = ("encoder_self_attention", "decoder_self_attention", "cross
     needs="tf",
 )
 def einsum_dense_bias_keras() -> tuple[float, str]:
-    from common.adapter.backends import get_backend
+    from transformer_rosetta.adapter.backends import get_backend
 
     get_backend("tf")
     import keras
 
-    from tf_impl import model as keras_model
+    from transformer_rosetta.tf_impl import model as keras_model
 
     config = _tiny(**BIAS_ADD_CONFIG)
     src, tgt_in = ragged_batch(config, batch=2, src_len=2, tgt_len=2, seed=0)
@@ -1431,11 +1437,11 @@ def measure_all(
 
 def measure_classes(keys: list[str], environment: dict[str, str]) -> list[dict]:
     """The class records of the hardware-dependent entries `keys`, measured in a child process
-    whose environment adds `environment` (`python -m common.app.divergences --classes`): a
+    whose environment adds `environment` (`python -m transformer_rosetta.app.divergences --classes`): a
     framework reads such switches once, when it is imported. The records say which class the
     child was in, which need not be the one asked for."""
     child = subprocess.run(
-        [sys.executable, "-m", "common.app.divergences", "--classes", ",".join(keys)],
+        [sys.executable, "-m", "transformer_rosetta.app.divergences", "--classes", ",".join(keys)],
         env={**os.environ, **environment},
         cwd=MEASUREMENTS.parents[1],
         capture_output=True,

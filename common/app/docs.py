@@ -1,8 +1,8 @@
 """Generates the docs' tables and pages from the code, so no doc can drift from it.
 
-`python -m common.app.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
+`python -m transformer_rosetta.app.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
 `<!-- END GENERATED: key -->` in docs/FORMAT.md, PARITY.md, PORTING.md, RELIABILITY.md and
-ROSETTA.md, and docs/rosetta.html whole; `python -m common.app.docs --check` exits 1 if any is
+ROSETTA.md, and docs/rosetta.html whole; `python -m transformer_rosetta.app.docs --check` exits 1 if any is
 stale (the test suite runs the check). `--measure [parity|divergences]` first re-measures the
 numbers the tables show.
 """
@@ -15,10 +15,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from common.files.outputs import atomic_write
-from common.spec.config import TransformerConfig
-from common.spec.names import canonical_specs
-from common.weights.format import (
+from transformer_rosetta.app.checkout import checkout, checkout_or_cwd
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import canonical_specs
+from transformer_rosetta.weights.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     META_CONFIG,
@@ -30,7 +32,7 @@ from common.weights.format import (
     SAFETENSORS_DTYPES,
 )
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
+DOC = checkout_or_cwd() / "docs" / "FORMAT.md"
 
 # A config whose sizes are all different numbers, so each number in a shape names one size.
 _PROBE = dict(
@@ -154,7 +156,7 @@ def config_table() -> str:
     """Every config field with its default (the paper's base model) and what it allows."""
     from dataclasses import fields
 
-    from common.spec.config import _CHOICES, _COUNT_FIELDS
+    from transformer_rosetta.spec.config import _CHOICES, _COUNT_FIELDS
 
     lines = ["| field | default | allowed |", "|---|---|---|"]
     for f in fields(TransformerConfig):
@@ -189,18 +191,18 @@ def native_names_table() -> str:
     layout differs: nn.Linear stores [out, in], and attention heads are merged into one axis)."""
     import importlib
 
-    from common.adapter.backends import native_stderr_silenced
+    from transformer_rosetta.adapter.backends import native_stderr_silenced
 
     with native_stderr_silenced():
         maps = {
-            label: importlib.import_module(f"{pkg}.weights").native_name_map
+            label: importlib.import_module(f"transformer_rosetta.{pkg}.weights").native_name_map
             for label, pkg in (
                 ("PyTorch state_dict", "torch_impl"),
                 ("Keras variable path", "tf_impl"),
                 ("Flax NNX state path", "jax_impl"),
             )
         }
-        from torch_impl.weights import native_shape
+        from transformer_rosetta.torch_impl.weights import native_shape
     configs = [
         TransformerConfig(**{**_PROBE, **_MAXIMAL, **_EMBEDDING_EXTRAS}),
         TransformerConfig(**{**_PROBE, "tgt_vocab_size": _PROBE["src_vocab_size"]}),  # shared
@@ -258,7 +260,7 @@ def measure_parity() -> list[dict]:
     import io
     import json
 
-    from common.app.cli.main import main as rosetta
+    from transformer_rosetta.app.cli.main import main as rosetta
 
     reports = []
     for dtype, name in MEASURED_RUNS:
@@ -320,7 +322,7 @@ def _port_table(rows: list[tuple[str, str, str]]) -> str:
 
 def nn_transformer_table() -> str:
     """torch.nn.Transformer (+ the user's embeddings and output Linear), untied, with final norms."""
-    from common.porting.nn_transformer import mapping_table
+    from transformer_rosetta.porting.nn_transformer import mapping_table
 
     config = TransformerConfig(
         **{**_PROBE, **_MAXIMAL, "num_encoder_layers": 2, "num_decoder_layers": 2}
@@ -330,7 +332,7 @@ def nn_transformer_table() -> str:
 
 def marian_table() -> str:
     """A Marian model as transformers 5 builds it: shared, tied, post-norm, final_logits_bias."""
-    from common.porting.marian import mapping_table
+    from transformer_rosetta.porting.marian import mapping_table
 
     config = TransformerConfig(
         **{
@@ -351,7 +353,7 @@ def marian_table() -> str:
 def bert_table() -> str:
     """A BERT encoder as transformers' BertModel saves it: what config.json maps to, what the
     model's code fixes, then the name map (keys may also start with `bert.`)."""
-    from common.porting.bert import HF_FIELD, TABLE, mapping_table
+    from transformer_rosetta.porting.bert import HF_FIELD, TABLE, mapping_table
 
     lines = ["| config.json key | our field |", "|---|---|"]
     lines += [f"| `{key}` | `{ours}` |" for ours, key in HF_FIELD.items()]
@@ -363,9 +365,9 @@ def bert_table() -> str:
 def tutorial_table(kind: str) -> str:
     """What an importer table of common/porting/tutorials.py or gpt.py fixes (with why), what
     --config must or may give, then its name map with the layer index as {i} (or Keras's {_i})."""
-    from common.porting.gpt import TABLES as GPT_TABLES
-    from common.porting.table import rows
-    from common.porting.tutorials import TABLES
+    from transformer_rosetta.porting.gpt import TABLES as GPT_TABLES
+    from transformer_rosetta.porting.table import rows
+    from transformer_rosetta.porting.tutorials import TABLES
 
     table = {**TABLES, **GPT_TABLES}[kind]
     # Sinusoidal unless the table fixes the kind (the GPTs' learned positions).
@@ -419,9 +421,9 @@ RELIABILITY_DOC = DOC.with_name("RELIABILITY.md")
 def limits_table() -> str:
     """Every bound on what a user's file or option may make the program do, from the constants
     that enforce it, with the reason each constant's comment gives."""
-    from common.app import resources
-    from common.app.cli.args import MAX_REPEATS, SEED_MAX
-    from common.files import outputs, safe_read
+    from transformer_rosetta.app import resources
+    from transformer_rosetta.app.cli.args import MAX_REPEATS, SEED_MAX
+    from transformer_rosetta.files import outputs, safe_read
 
     rows = [
         ("config JSON size", f"{safe_read.MAX_CONFIG_BYTES:,} bytes", "`MAX_CONFIG_BYTES`"),
@@ -457,21 +459,21 @@ ROSETTA_PAGE = DOC.with_name("rosetta.html")
 
 def rosetta_concepts() -> str:
     """One section per concept of common/app/idioms.py, its three excerpts side by side."""
-    from common.app.rosetta_page import concepts_markdown
+    from transformer_rosetta.app.rosetta_page import concepts_markdown
 
     return concepts_markdown()
 
 
 def rosetta_divergences() -> str:
     """The divergence catalogue, from docs/divergences.json (`--measure divergences`)."""
-    from common.app.divergences import catalogue_table
+    from transformer_rosetta.app.divergences import catalogue_table
 
     return catalogue_table()
 
 
 def rosetta_html() -> str:
     """docs/rosetta.html, whole: the same excerpts and catalogue as ROSETTA.md, in three columns."""
-    from common.app.rosetta_page import html_page
+    from transformer_rosetta.app.rosetta_page import html_page
 
     return html_page()
 
@@ -523,6 +525,7 @@ def main(argv: list[str]) -> int:
     none is named) first measures: parity runs `rosetta parity --json` for each dtype into
     docs/parity_measurements.json; divergences runs common/app/divergences.py into
     docs/divergences.json."""
+    checkout()  # the docs live in the repository, not in an installed package
     kinds = _measure_kinds(argv)
     if "parity" in kinds:
         import json
@@ -531,7 +534,7 @@ def main(argv: list[str]) -> int:
         atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {MEASUREMENTS}")
     if "divergences" in kinds:
-        from common.app.divergences import write_measurements
+        from transformer_rosetta.app.divergences import write_measurements
 
         print(f"wrote {write_measurements()}")
     stale = []
@@ -548,11 +551,16 @@ def main(argv: list[str]) -> int:
                 print(f"wrote {doc}")
     if "--check" in argv and stale:
         print(
-            f"stale: {', '.join(map(str, stale))}: run python -m common.app.docs", file=sys.stderr
+            f"stale: {', '.join(map(str, stale))}: run python -m transformer_rosetta.app.docs",
+            file=sys.stderr,
         )
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except RosettaError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

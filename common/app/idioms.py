@@ -9,7 +9,7 @@ An excerpt is the code between two marker comments in an implementation's source
 A concept may have several excerpts in one framework (in file order, files in the order of
 `IMPL_FILES`); each framework must have at least one for every concept. Markers are read as
 text, so no framework is imported. docs/ROSETTA.md and docs/rosetta.html are built from
-`excerpts()` (`python -m common.app.docs`), so the pages cannot drift from the code that the
+`excerpts()` (`python -m transformer_rosetta.app.docs`), so the pages cannot drift from the code that the
 parity tests run.
 """
 
@@ -20,7 +20,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from transformer_rosetta.app.checkout import checkout_or_cwd
+
+ROOT = checkout_or_cwd()
 
 # (key, column heading, package), in the order every page shows them.
 FRAMEWORKS = (

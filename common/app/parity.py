@@ -15,19 +15,19 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from common.adapter.backends import (
+from transformer_rosetta.adapter.backends import (
     FRAMEWORKS,
     REGISTRY,
     RUNTIMES,
     get_backend,
     unavailable_reason,
 )
-from common.errors import InputError, RosettaError
-from common.oracle import reference
-from common.spec.config import TransformerConfig
-from common.spec.precision import DEFAULT_PRECISION
-from common.spec.results import ForwardOutput
-from common.spec.tolerances import atol_for
+from transformer_rosetta.errors import InputError, RosettaError
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.results import ForwardOutput
+from transformer_rosetta.spec.tolerances import atol_for
 
 ORACLE = "numpy"
 FUSED = " (fused)"  # the suffix of a quantity computed on the fused attention path
@@ -224,7 +224,7 @@ def oracle_outputs(
     dtype: str,
 ) -> dict[str, np.ndarray]:
     """The float64 oracle on the weights as the frameworks hold them (rounded to `dtype`)."""
-    from common.spec.dtypes import numpy_dtype
+    from transformer_rosetta.spec.dtypes import numpy_dtype
 
     rounded = {
         k: np.asarray(v).astype(numpy_dtype(dtype)).astype(np.float64) for k, v in weights.items()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.app.parity import ParityReport
-from common.files.outputs import atomic_write, make_folder
-from common.spec.config import TransformerConfig
-from common.spec.results import ATTENTION_OUTPUTS, attention_layers
+from transformer_rosetta.app.parity import ParityReport
+from transformer_rosetta.files.outputs import atomic_write, make_folder
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.results import ATTENTION_OUTPUTS, attention_layers
 
 KINDS = {
     "encoder.layers.{}.self_attention": ("encoder self-attention", "source", "source"),

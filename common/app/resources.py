@@ -9,12 +9,12 @@ oracle computes in (float64), times the number of models that hold them at once.
 
 from __future__ import annotations
 
-from common.files.memory import GIB as GIB
-from common.files.memory import USABLE_FRACTION as USABLE_FRACTION
-from common.files.memory import ResourceError as ResourceError
-from common.files.memory import check_fits as check_fits
-from common.spec.config import TransformerConfig
-from common.spec.names import parameter_count
+from transformer_rosetta.files.memory import GIB as GIB
+from transformer_rosetta.files.memory import USABLE_FRACTION as USABLE_FRACTION
+from transformer_rosetta.files.memory import ResourceError as ResourceError
+from transformer_rosetta.files.memory import check_fits as check_fits
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import parameter_count
 
 
 def weights_bytes(config: TransformerConfig, itemsize: int = 8) -> int:

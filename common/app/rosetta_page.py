@@ -1,13 +1,13 @@
 """The side-by-side pages of the Rosetta: docs/ROSETTA.md's concept sections and docs/rosetta.html.
 
-Both are built from `common.app.idioms.excerpts()` (code cut from the implementations between
+Both are built from `transformer_rosetta.app.idioms.excerpts()` (code cut from the implementations between
 `# rosetta:` markers) and, for the HTML page, the divergence catalogue of
-`common.app.divergences`. `python -m common.app.docs` writes them; both are deterministic (no
+`transformer_rosetta.app.divergences`. `python -m transformer_rosetta.app.docs` writes them; both are deterministic (no
 dates), so its `--check` compares bytes. The HTML page is self-contained (inline CSS, no script,
 no font or stylesheet from the network); its code is highlighted by Pygments, whose output
 changes between versions, which is why constraints.txt pins it.
 
-`python -m common.app.rosetta_page --screenshot docs/rosetta.png` renders docs/rosetta.html in a
+`python -m transformer_rosetta.app.rosetta_page --screenshot docs/rosetta.png` renders docs/rosetta.html in a
 headless Chromium driven by Selenium and saves a PNG; parity_tests/test_rosetta_page.py checks
 the page's layout the same way.
 """
@@ -25,13 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
-from common.errors import RosettaError
+from transformer_rosetta.app.checkout import checkout_or_cwd
+from transformer_rosetta.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
+from transformer_rosetta.errors import RosettaError
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = checkout_or_cwd()
 PAGE = ROOT / "docs" / "rosetta.html"
 
 Table = dict[str, dict[str, list[Excerpt]]]
@@ -184,7 +185,7 @@ def _catalogue_html(catalogue: Sequence[dict[str, Any]]) -> list[str]:
         '<h2><a href="#the-divergence-catalogue">The divergence catalogue</a></h2>',
         "<p>Every place where a framework's default differs from the spec, what this project sets "
         "instead, and the measured cost of keeping the default "
-        "(<code>python -m common.app.docs --measure divergences</code> measures each number).</p>",
+        "(<code>python -m transformer_rosetta.app.docs --measure divergences</code> measures each number).</p>",
     ]
     if not catalogue:
         out.append("<p>Nothing measured yet.</p>")
@@ -212,7 +213,7 @@ def html_page(table: Table | None = None, catalogue: Sequence[dict[str, Any]] | 
 
     table = excerpts() if table is None else table
     if catalogue is None:
-        from common.app.divergences import load_catalogue
+        from transformer_rosetta.app.divergences import load_catalogue
 
         catalogue = load_catalogue()
     formatter = HtmlFormatter(style="default", cssclass="highlight")
@@ -238,7 +239,7 @@ def html_page(table: Table | None = None, catalogue: Sequence[dict[str, Any]] | 
         "why they differ. Every excerpt is cut from the code that the parity tests check "
         "(<code>parity_tests/</code>: the same logits, gradients, training steps and decoded "
         "tokens), between <code># rosetta:</code> marker comments; each pane names its file and "
-        "line. Regenerate this page with <code>python -m common.app.docs</code>; the test suite "
+        "line. Regenerate this page with <code>python -m transformer_rosetta.app.docs</code>; the test suite "
         'fails when it is stale. <a href="ROSETTA.md">ROSETTA.md</a> has the same content.</p>',
         f'<nav class="toc">{toc} <a href="#the-divergence-catalogue">Divergence catalogue</a></nav>',
     ]
@@ -322,11 +323,13 @@ def headless_chromium(width: int = 1366, height: int = 900) -> Iterator[WebDrive
 
 def screenshot(page: Path, png: Path, width: int = 1366, height: int = 900) -> None:
     """Render `page` in a headless Chromium at `width` x `height` and save the viewport as `png`."""
-    from common.files.outputs import atomic_write
+    from transformer_rosetta.files.outputs import atomic_write
 
     page = Path(page).resolve()
     if not page.is_file():
-        raise FileNotFoundError(f"{page}: no such page (python -m common.app.docs writes it)")
+        raise FileNotFoundError(
+            f"{page}: no such page (python -m transformer_rosetta.app.docs writes it)"
+        )
     with headless_chromium(width, height) as driver:
         driver.get(page.as_uri())
         data = driver.get_screenshot_as_png()
@@ -335,7 +338,7 @@ def screenshot(page: Path, png: Path, width: int = 1366, height: int = 900) -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.app.rosetta_page",
+        prog="python -m transformer_rosetta.app.rosetta_page",
         description="Screenshot docs/rosetta.html in a headless Chromium.",
     )
     parser.add_argument("--screenshot", metavar="PNG", type=Path, required=True)
@@ -347,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         print(NO_BROWSER, file=sys.stderr)
         return 2
     if not args.page.is_file():
-        print(f"{args.page}: no such page: run python -m common.app.docs", file=sys.stderr)
+        print(
+            f"{args.page}: no such page: run python -m transformer_rosetta.app.docs",
+            file=sys.stderr,
+        )
         return 2
     try:
         screenshot(args.page, args.screenshot, args.width, args.height)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from common.errors import InputError
-from common.spec.config import TransformerConfig
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.spec.config import TransformerConfig
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIALS = (PAD, BOS, EOS)  # first in every vocabulary (Tokenizer.vocab)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.adapter.backends import Model
-from common.app.tasks import Task
-from common.decoding.search import Decoded, beam_search, greedy_search
-from common.spec.config import TransformerConfig
-from common.weights.init import init_weights
+from transformer_rosetta.adapter.backends import Model
+from transformer_rosetta.app.tasks import Task
+from transformer_rosetta.decoding.search import Decoded, beam_search, greedy_search
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.weights.init import init_weights
 
 # on_step(step, steps, loss, target tokens per second so far)
 StepCallback = Callable[[int, int, float, float], None]

@@ -28,9 +28,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from common.errors import InputError
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_ids, check_length
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_ids, check_length
 
 EXTRA_LEN = 50  # section 6.1
 BEAM_SIZE = 4  # section 6.1

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import WeightFileError
-from common.files.safe_read import listing, shown
+from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.files.safe_read import listing, shown
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 

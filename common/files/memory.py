@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from common.errors import RosettaError
+from transformer_rosetta.errors import RosettaError
 
 GIB = 1 << 30
 # The share of the available memory a request may plan to use; the rest is the frameworks' own

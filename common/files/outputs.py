@@ -25,8 +25,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from common.errors import RosettaError
-from common.files.safe_read import shown
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.safe_read import shown
 
 # Temp folders of the writes under way; a signal handler removes them before the process exits.
 _PENDING: set[str] = set()

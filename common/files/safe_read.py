@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from common.errors import InputError, RosettaError
+from transformer_rosetta.errors import InputError, RosettaError
 
 # -- limits: every bound on what a user's file may make us do, in one place ----------------------
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import numpy as np
 from scipy.special import erf
 
-from common.spec.config import TransformerConfig
-from common.spec.masks import decoder_self_mask, key_padding_mask
-from common.spec.names import embedding_names
-from common.spec.results import ForwardOutput
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.masks import decoder_self_mask, key_padding_mask
+from transformer_rosetta.spec.names import embedding_names
+from transformer_rosetta.spec.results import ForwardOutput
 
 Weights = Mapping[str, np.ndarray]
 
@@ -302,8 +302,8 @@ def forward(
     and every attention map. docs/FORMAT.md, "The computation", states it equation by equation.
 
     `src` and `tgt_in` are int arrays (B, S) and (B, T); `tgt_in` is the decoder input, i.e. the
-    target already shifted right behind BOS (common.spec.masks.shift_right). A half of the family
-    takes only its own (common.spec.inputs.check_inputs): a decoder-only model tgt_in alone, an
+    target already shifted right behind BOS (transformer_rosetta.spec.masks.shift_right). A half of the family
+    takes only its own (transformer_rosetta.spec.inputs.check_inputs): a decoder-only model tgt_in alone, an
     encoder-only one src alone (and returns no logits, and the pooled vector if it pools).
     """
     w = {name: np.asarray(t, dtype=np.float64) for name, t in weights.items()}

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.oracle import reference
-from common.spec.config import TransformerConfig
-from common.spec.masks import shift_right
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.masks import shift_right
 
 ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError, WeightFileError
-from common.files.safe_read import (
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.safe_read import (
     MAX_CONFIG_BYTES,
     FileProblem,
     brief,
@@ -52,7 +52,7 @@ from common.files.safe_read import (
     shown,
     type_problem,
 )
-from common.porting.hf_folder import (
+from transformer_rosetta.porting.hf_folder import (
     CONFIG_FILE,
     model_folder,
     name_hf_key,
@@ -60,9 +60,9 @@ from common.porting.hf_folder import (
     read_folder_weights,
     read_json_file,
 )
-from common.porting.marian import ACTIVATIONS
-from common.porting.table import Rule, Table, rows, to_canonical
-from common.spec.config import TransformerConfig
+from transformer_rosetta.porting.marian import ACTIVATIONS
+from transformer_rosetta.porting.table import Rule, Table, rows, to_canonical
+from transformer_rosetta.spec.config import TransformerConfig
 
 MODULES_FILE = "modules.json"  # sentence-transformers' pipeline: Transformer, Pooling, ...
 ST_CONFIG_FILE = "sentence_bert_config.json"  # sentence-transformers' max_seq_length

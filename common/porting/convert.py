@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from common.adapter.backends import NATIVE_BACKENDS, get_backend
-from common.errors import RosettaError
-from common.files.outputs import check_free_space, check_output_file, publish, staged
-from common.files.safe_read import regular_file, shown
-from common.porting.verify import (
+from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, get_backend
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
+from transformer_rosetta.files.safe_read import regular_file, shown
+from transformer_rosetta.porting.verify import (
     PROBE_SHAPES,
     Provenance,
     VerificationFailed,
@@ -31,11 +31,11 @@ from common.porting.verify import (
     sha256_of,
     why_not_runnable,
 )
-from common.porting.verify import verify as run_verification
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import dtype_name
-from common.spec.names import parameter_count
-from common.weights.format import (
+from transformer_rosetta.porting.verify import verify as run_verification
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import dtype_name
+from transformer_rosetta.spec.names import parameter_count
+from transformer_rosetta.weights.format import (
     check_finite,
     check_tensors,
     load_weights,
@@ -128,7 +128,7 @@ def infer_source_kind(path: Path) -> str:
     kinds (a torch .pt/.bin is ours or an nn.Transformer's), from the tensor names inside."""
     if path.is_dir():
         if (path / "config.json").exists():
-            from common.porting.bert import is_bert_folder
+            from transformer_rosetta.porting.bert import is_bert_folder
 
             return "bert" if is_bert_folder(path) else "marian"
         raise ConvertError(
@@ -146,7 +146,7 @@ def infer_source_kind(path: Path) -> str:
         names = get_backend("torch").read_tensors(path)
         return _outside_kind(names, ORIGINS_PT) or kind
     if kind == "keras":
-        from common.porting.sources import read_source_tensors
+        from transformer_rosetta.porting.sources import read_source_tensors
 
         return _outside_kind(read_source_tensors(path), ORIGINS_H5) or kind
     return kind
@@ -208,7 +208,7 @@ def read_source(
         wf = load_weights(path, config=config)
         return wf.config, wf.tensors
     if kind == "marian":
-        from common.porting import marian
+        from transformer_rosetta.porting import marian
 
         hf_config, tensors = marian.read_marian_dir(path)
         found = marian.marian_config(hf_config)
@@ -218,7 +218,7 @@ def read_source(
             )
         return found, marian.marian_to_canonical(tensors, found)
     if kind == "bert":
-        from common.porting.bert import import_bert
+        from transformer_rosetta.porting.bert import import_bert
 
         found = import_bert(path)
         if config is not None and config != found.config:
@@ -235,7 +235,7 @@ def read_source(
             "(heads, activation, norm position, eps, position kind)"
         )
     if kind == "nn-transformer":
-        from common.porting.nn_transformer import nn_transformer_to_canonical
+        from transformer_rosetta.porting.nn_transformer import nn_transformer_to_canonical
 
         return config, nn_transformer_to_canonical(get_backend("torch").read_tensors(path), config)
     return config, get_backend(NATIVE_KINDS[kind]).load_native(path, config)
@@ -250,10 +250,10 @@ def _read_with_table(
 ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """An importer table's model: the file's arrays, the config assembled from the table, the
     shapes and the user's fields (common/porting/table.py), then the tensors."""
-    from common.porting.gpt import TABLES as GPT_TABLES
-    from common.porting.sources import read_source_tensors
-    from common.porting.table import assemble_config, to_canonical
-    from common.porting.tutorials import TABLES
+    from transformer_rosetta.porting.gpt import TABLES as GPT_TABLES
+    from transformer_rosetta.porting.sources import read_source_tensors
+    from transformer_rosetta.porting.table import assemble_config, to_canonical
+    from transformer_rosetta.porting.tutorials import TABLES
 
     if kind == "map":
         if table is None:
@@ -283,11 +283,11 @@ def write_destination(
     elif kind in NATIVE_KINDS:
         get_backend(NATIVE_KINDS[kind]).save_native(path, config, tensors)
     elif kind == "marian":
-        from common.porting.marian import write_marian_dir
+        from transformer_rosetta.porting.marian import write_marian_dir
 
         write_marian_dir(path, config, tensors)
     elif kind == "onnx":
-        from common.porting.onnx_file import write_onnx
+        from transformer_rosetta.porting.onnx_file import write_onnx
 
         write_onnx(path, config, tensors, **(onnx or {}))
     else:
@@ -339,8 +339,8 @@ def convert(
     if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
     if to_kind == "marian":  # a folder of three files
-        from common.files.outputs import check_output_folder
-        from common.porting.marian import EXPORT_FILES
+        from transformer_rosetta.files.outputs import check_output_folder
+        from transformer_rosetta.porting.marian import EXPORT_FILES
 
         dst = check_output_folder(
             dst, EXPORT_FILES, what="DST", force=force, inputs=(src, *also_read)
@@ -372,7 +372,7 @@ def convert(
     if verify and allow_nonfinite and nonfinite_counts(tensors):
         raise ConvertError("--verify: the weights hold NaN or Inf, whose logits cannot be compared")
     if to_kind == "onnx":
-        from common.porting.onnx_file import export_problems
+        from transformer_rosetta.porting.onnx_file import export_problems
 
         problems = export_problems(model_config, **_onnx_options(onnx))
         if problems:
@@ -459,16 +459,16 @@ def _provenance(src: Path, from_kind: str) -> Provenance:
 
 def _stamp(dst: Path, to_kind: str, provenance: Provenance) -> None:
     """Store the provenance record in the destination's metadata, where its format has a place."""
-    from common.weights.format import META_PROVENANCE, add_metadata
+    from transformer_rosetta.weights.format import META_PROVENANCE, add_metadata
 
     text = provenance.to_json()
     if to_kind == "rosetta":
         add_metadata(dst, {META_PROVENANCE: text})
     elif to_kind == "marian":
-        from common.porting.marian import SAFETENSORS_FILE
+        from transformer_rosetta.porting.marian import SAFETENSORS_FILE
 
         add_metadata(dst / SAFETENSORS_FILE, {META_PROVENANCE: text})
     elif to_kind == "onnx":
-        from common.porting.onnx_file import add_labels
+        from transformer_rosetta.porting.onnx_file import add_labels
 
         add_labels(dst, {META_PROVENANCE: text})

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.porting.table import Computed, Constant, Rule, Table, is_causal_mask
-from common.spec.config import TransformerConfig
-from common.spec.names import TensorSpec
+from transformer_rosetta.porting.table import Computed, Constant, Rule, Table, is_causal_mask
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import TensorSpec
 
 _QKV = ("query", "key", "value")
 # What no GPT file tells: the heads (c_attn is [3d, d] for any h) and the special ids (above).

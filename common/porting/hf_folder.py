@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError, WeightFileError
-from common.files.safe_read import (
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.safe_read import (
     MAX_CONFIG_BYTES,
     FileProblem,
     MissingFile,
@@ -23,7 +23,7 @@ from common.files.safe_read import (
     read_json,
     shown,
 )
-from common.porting.sources import read_source_tensors
+from transformer_rosetta.porting.sources import read_source_tensors
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

@@ -10,7 +10,7 @@ Marian (Junczys-Dowmunt et al. 2018, as ported to transformers) is the base Tran
 - static sinusoidal positions, every sin first and then every cos, with the frequencies of Eq. (5):
   position_kind="sinusoidal", sinusoid_layout="concatenated". The table is a constant, so it is
   not a canonical tensor; when a file carries it (older checkpoints), it is checked against
-  `common.oracle.reference.sinusoidal_positions` and dropped (a `Buffer` of the table).
+  `transformer_rosetta.oracle.reference.sinusoidal_positions` and dropped (a `Buffer` of the table).
 - `scale_embedding` -> scale_embeddings (x sqrt(d_model), section 3.4); MarianConfig defaults it
   to false, the converted OPUS-MT models set it to true.
 - `final_logits_bias` [1, V], always added to the logits: output_bias=true. transformers lists it
@@ -18,7 +18,7 @@ Marian (Junczys-Dowmunt et al. 2018, as ported to transformers) is the base Tran
 - q_proj's output is scaled by d_k^-0.5 inside the attention (`scaling`); that is Eq. (1)'s
   1/sqrt(d_k), applied before instead of after Q K^T, so the weights are copied unscaled.
 - the decoder starts from `decoder_start_token_id`, which Marian sets to the pad id: bos_id may
-  equal pad_id, and our decoder never masks position 0 (common.spec.masks.decoder_key_padding_mask).
+  equal pad_id, and our decoder never masks position 0 (transformer_rosetta.spec.masks.decoder_key_padding_mask).
 
 Embedding sharing and tying follow what transformers 5 computes, not what the flags suggest:
 `share_encoder_decoder_embeddings` ties the encoder, decoder and output matrices to
@@ -40,14 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.files.safe_read import (
+from transformer_rosetta.errors import ConfigError
+from transformer_rosetta.files.safe_read import (
     brief,
     is_int,
     json_type,
     type_problem,
 )
-from common.porting.hf_folder import (
+from transformer_rosetta.porting.hf_folder import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     model_folder,
@@ -55,9 +55,16 @@ from common.porting.hf_folder import (
     read_config_json,
     read_folder_weights,
 )
-from common.porting.table import Buffer, Rule, Table, from_canonical, rows, to_canonical
-from common.spec.config import TransformerConfig
-from common.spec.names import canonical_specs
+from transformer_rosetta.porting.table import (
+    Buffer,
+    Rule,
+    Table,
+    from_canonical,
+    rows,
+    to_canonical,
+)
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import canonical_specs
 
 # torch.nn.LayerNorm's default; every Marian LayerNorm is built without an eps argument.
 LAYER_NORM_EPS = 1e-5
@@ -572,7 +579,7 @@ def write_marian_dir(
     later file fails the files this call wrote are removed again (and the folder, if it made it)."""
     from safetensors.numpy import save_file
 
-    from common.files.outputs import atomic_write, make_folder
+    from transformer_rosetta.files.outputs import atomic_write, make_folder
 
     state = canonical_to_marian(tensors, c)
     texts = {

@@ -45,9 +45,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.porting.table import Rule, Table, file_sizes, fixed_problems, rows, to_canonical
-from common.spec.config import TransformerConfig
+from transformer_rosetta.errors import ConfigError
+from transformer_rosetta.porting.table import (
+    Rule,
+    Table,
+    file_sizes,
+    fixed_problems,
+    rows,
+    to_canonical,
+)
+from transformer_rosetta.spec.config import TransformerConfig
 
 PREFIX = "transformer."
 SOURCE_EMBEDDING = "src_embedding.weight"

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from common.adapter.backends import get_backend, unavailable_reason
-from common.errors import RosettaError
-from common.files.memory import fits_problem
-from common.files.outputs import atomic_write
-from common.spec.config import TransformerConfig
-from common.spec.names import ONNX_GRAPHS, parameter_count
+from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.memory import fits_problem
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import ONNX_GRAPHS, parameter_count
 
 FORMAT = "transformer-rosetta onnx"
 # protobuf refuses a message over 2 GiB; the weights are stored inside the graph (no external

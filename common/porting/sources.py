@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import BackendUnavailable, WeightFileError
-from common.files.hdf5 import read_hdf5
-from common.files.safe_read import FileProblem, MissingFile, regular_file, shown
-from common.weights.format import read_header
+from transformer_rosetta.errors import BackendUnavailable, WeightFileError
+from transformer_rosetta.files.hdf5 import read_hdf5
+from transformer_rosetta.files.safe_read import FileProblem, MissingFile, regular_file, shown
+from transformer_rosetta.weights.format import read_header
 
 SOURCE_SUFFIXES = (".pt", ".bin", ".h5", ".safetensors", ".npz")
 
@@ -35,7 +35,7 @@ def read_source_tensors(path: str | Path) -> dict[str, np.ndarray]:
         raise WeightFileError(shown(path), [exc.problem]) from None
     suffix = path.suffix.lower()
     if suffix in (".pt", ".bin"):
-        from common.adapter.backends import get_backend
+        from transformer_rosetta.adapter.backends import get_backend
 
         try:
             return dict(get_backend("torch").read_tensors(path))

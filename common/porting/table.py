@@ -7,7 +7,7 @@ A user's own model is the same table written as JSON (`rosetta convert --map MAP
 common/porting/user_map.py; docs/PORTING.md has a worked example).
 
 A table says:
-- `rules`: for each canonical tensor (a pattern over common.spec.names, `{i}` for the layer
+- `rules`: for each canonical tensor (a pattern over transformer_rosetta.spec.names, `{i}` for the layer
   index), the source key it is read from (the same `{i}`, or `{_i}` for Keras's per-class layer
   names "", "_1", "_2"; and `{prefix}` for an optional prefix),
   and the steps that turn the source array into the canonical one. A rule may carry `copies`
@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError, WeightFileError
-from common.files.safe_read import brief, listing
-from common.oracle.reference import sinusoidal_positions
-from common.spec.config import TransformerConfig
-from common.spec.names import TensorSpec, canonical_specs
-from common.weights.format import dtype_problems
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.safe_read import brief, listing
+from transformer_rosetta.oracle.reference import sinusoidal_positions
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.names import TensorSpec, canonical_specs
+from transformer_rosetta.weights.format import dtype_problems
 
 # -- the steps: one shared set of transforms -----------------------------------------------------
 

@@ -27,8 +27,8 @@ docs/PORTING.md has each table, generated from these.
 
 from __future__ import annotations
 
-from common.porting.nn_transformer import nn_transformer_rules
-from common.porting.table import Buffer, Rule, Table
+from transformer_rosetta.porting.nn_transformer import nn_transformer_rules
+from transformer_rosetta.porting.table import Buffer, Rule, Table
 
 _QKVO = ("query", "key", "value", "output")
 

@@ -33,8 +33,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from common.errors import RosettaError
-from common.files.safe_read import (
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.safe_read import (
     MAX_CONFIG_BYTES,
     FileProblem,
     MissingFile,
@@ -42,9 +42,9 @@ from common.files.safe_read import (
     read_json,
     shown,
 )
-from common.porting.table import Buffer, Rule, Table, parse_step
-from common.spec.config import SINUSOID_LAYOUTS, TransformerConfig
-from common.spec.names import canonical_specs
+from transformer_rosetta.porting.table import Buffer, Rule, Table, parse_step
+from transformer_rosetta.spec.config import SINUSOID_LAYOUTS, TransformerConfig
+from transformer_rosetta.spec.names import canonical_specs
 
 TOP_KEYS = ("model", "config", "needs", "sizes", "layers", "prefix", "tensors", "buffers")
 TENSOR_KEYS = ("canonical", "source", "steps", "copies", "fallbacks", "when", "absent")

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from common.adapter.backends import NATIVE_BACKENDS, get_backend, unavailable_reason
-from common.oracle import reference
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import dtype_name
-from common.spec.inputs import ragged_batch
-from common.spec.results import ForwardOutput
-from common.spec.tolerances import atol_for
+from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, get_backend, unavailable_reason
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import dtype_name
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.results import ForwardOutput
+from transformer_rosetta.spec.tolerances import atol_for
 
 PROBE_SEED = 0
 # (batch, source length, target length): ragged rows, the first probe with a fully padded source
@@ -136,7 +136,7 @@ def why_not_runnable(kind: str, graph: str | None = None) -> str | None:
 def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
     """The runtime of one side, reading `path` as written on disk."""
     if kind == "rosetta":
-        from common.weights.format import load_weights
+        from transformer_rosetta.weights.format import load_weights
 
         weights = {k: np.asarray(v, np.float64) for k, v in load_weights(path).tensors.items()}
         return Runner(
@@ -188,7 +188,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             full_rows_only=True,  # an all-pad row: BertModel's additive mask attends every pad
         )
     if kind == "onnx":
-        from common.adapter.onnx_backend import session
+        from transformer_rosetta.adapter.onnx_backend import session
 
         run = session(str(path)).run
         version = package_version("onnxruntime")

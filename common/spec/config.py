@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError
-from common.files.safe_read import (
+from transformer_rosetta.errors import ConfigError
+from transformer_rosetta.files.safe_read import (
     MAX_CONFIG_BYTES,
     MAX_LISTED,
     MAX_QUOTED_CHARS,

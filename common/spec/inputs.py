@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.errors import InputError
-from common.spec.config import TransformerConfig
+from transformer_rosetta.errors import InputError
+from transformer_rosetta.spec.config import TransformerConfig
 
 
 def check_ids(ids: np.ndarray, name: str, vocab_size: int) -> np.ndarray:

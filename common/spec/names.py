@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.spec.config import TransformerConfig
-from common.spec.results import attention_output_names
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.results import attention_output_names
 
 
 @dataclass(frozen=True)

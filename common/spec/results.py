@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from common.spec.config import TransformerConfig
+    from transformer_rosetta.spec.config import TransformerConfig
 
 # The attention maps in output order: (canonical name pattern, ForwardOutput field, the config
 # field that counts its layers). ForwardOutput.named(), the ONNX graphs' outputs and their readers

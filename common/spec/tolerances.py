@@ -54,8 +54,8 @@ max |ours - oracle| <= atol, per compared array. Justified in docs/PARITY.md:
 
 from __future__ import annotations
 
-from common.spec.config import TransformerConfig
-from common.spec.precision import check_precision
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.precision import check_precision
 
 ATOL: dict[str, float] = {
     "float64": 1e-10,

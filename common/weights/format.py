@@ -21,9 +21,9 @@ import numpy as np
 import safetensors.numpy
 from safetensors import safe_open
 
-from common.errors import ConfigError, WeightFileError
-from common.files.outputs import atomic_write
-from common.files.safe_read import (
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.files.safe_read import (
     MAX_HEADER_BYTES,
     MAX_INT_DIGITS,
     MAX_LISTED,
@@ -37,9 +37,9 @@ from common.files.safe_read import (
     regular_file,
     shown,
 )
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import DTYPES, dtype_name
-from common.spec.names import canonical_shapes
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
+from transformer_rosetta.spec.names import canonical_shapes
 
 FORMAT_NAME = "transformer-rosetta"
 FORMAT_VERSION = 1
@@ -408,7 +408,7 @@ def save_weights(
 ) -> None:
     """Validate `tensors` against `config`, then write them atomically (safetensors orders them
     by name; readers rely on names only).
-    `task` names the common.app.tasks task a trained model belongs to (metadata key "task")."""
+    `task` names the transformer_rosetta.app.tasks task a trained model belongs to (metadata key "task")."""
     path = Path(path)
     arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
     check_tensors(path, config, arrays)

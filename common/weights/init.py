@@ -11,9 +11,9 @@ import zlib
 
 import numpy as np
 
-from common.spec.config import TransformerConfig
-from common.spec.dtypes import numpy_dtype
-from common.spec.names import TensorSpec, canonical_specs
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import numpy_dtype
+from transformer_rosetta.spec.names import TensorSpec, canonical_specs
 
 SCHEMES = ("paper", "perturbed")
 

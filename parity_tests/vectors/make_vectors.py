@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.oracle import reference
-from common.spec.config import TransformerConfig
-from common.spec.inputs import ragged_batch
-from common.weights.format import atomic_write, save_weights
-from common.weights.init import init_weights
+from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.weights.format import atomic_write, save_weights
+from transformer_rosetta.weights.init import init_weights
 
 HERE = Path(__file__).parent
 _TINY = dict(

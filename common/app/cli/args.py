@@ -16,25 +16,25 @@ from typing import NoReturn  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from common.adapter.backends import (  # noqa: E402
+from transformer_rosetta.adapter.backends import (  # noqa: E402
     FRAMEWORKS,
     RUNTIMES,
     get_backend,
     unavailable_reason,
 )
-from common.app.resources import check_fits, weights_bytes  # noqa: E402
-from common.errors import RosettaError  # noqa: E402
-from common.files.outputs import shown  # noqa: E402
-from common.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
-from common.spec.inputs import INPUT_STACKS  # noqa: E402
-from common.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
-from common.weights.format import (  # noqa: E402
+from transformer_rosetta.app.resources import check_fits, weights_bytes  # noqa: E402
+from transformer_rosetta.errors import RosettaError  # noqa: E402
+from transformer_rosetta.files.outputs import shown  # noqa: E402
+from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
+from transformer_rosetta.spec.inputs import INPUT_STACKS  # noqa: E402
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
+from transformer_rosetta.weights.format import (  # noqa: E402
     WeightFile,
     describe_nonfinite,
     load_weights,
     nonfinite_counts,
 )
-from common.weights.init import init_weights  # noqa: E402
+from transformer_rosetta.weights.init import init_weights  # noqa: E402
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -171,8 +171,8 @@ def config_and_weights(
 
 def load_ids(path: str, name: str) -> np.ndarray:
     """An integer id array [batch, length] from a .npy file, with a one-line error for anything
-    else; the header is checked before any data is read (common.files.safe_read)."""
-    from common.files.safe_read import read_ids
+    else; the header is checked before any data is read (transformer_rosetta.files.safe_read)."""
+    from transformer_rosetta.files.safe_read import read_ids
 
     return read_ids(path, name)
 
@@ -197,13 +197,13 @@ def load_inputs(
     path: str, config: TransformerConfig | None = None
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(src, tgt) from an .npz with keys `src` and `tgt` (decoder input ids, starting with BOS),
-    each member's header checked before it is read (common.files.safe_read). A half of the family
+    each member's header checked before it is read (transformer_rosetta.files.safe_read). A half of the family
     reads only its own key, and a file that holds the other is refused, so that an array the
     model would ignore cannot pass for compared; the absent one is None. No config: both keys,
     as an encoder-decoder reads them."""
     import zipfile
 
-    from common.files.safe_read import read_ids_npz
+    from transformer_rosetta.files.safe_read import read_ids_npz
 
     if config is None:
         src, tgt = read_ids_npz(path, "--inputs", ("src", "tgt"))
@@ -225,7 +225,7 @@ DEVICE_HELP = (
 
 
 def device_arg(text: str) -> str:
-    """An argparse type: a --device request (common.app.parity.resolve_devices), checked for its
+    """An argparse type: a --device request (transformer_rosetta.app.parity.resolve_devices), checked for its
     form here; whether the framework sees that device is checked once the framework is known."""
     kind, colon, index = text.partition(":")
     if text in ("auto", "cpu", "gpu", "cuda", "mps", "all") or (
@@ -249,7 +249,7 @@ def add_device_argument(p: argparse.ArgumentParser, *, every: bool = False) -> N
 def device_for(framework: str, request: str) -> str:
     """The one device of `framework` that `request` names; a one-line UsageError, before any
     work, when the framework does not see it."""
-    from common.app.parity import resolve_devices
+    from transformer_rosetta.app.parity import resolve_devices
 
     if request == "all":
         raise UsageError("--device all runs every device only in `rosetta parity`; name one")
@@ -280,7 +280,7 @@ def check_devices_visible(frameworks: Sequence[str], device: str) -> None:
     with some frameworks on it, the others are skipped with the reason."""
     if device in ("cpu", "auto", "all"):
         return
-    from common.app.parity import resolve_devices
+    from transformer_rosetta.app.parity import resolve_devices
 
     runnable = [f for f in frameworks if f != "numpy" and unavailable_reason(f) is None]
     if runnable and not any(resolve_devices(f, get_backend(f).devices(), device) for f in runnable):

@@ -8,14 +8,14 @@ import argparse
 import json
 import sys
 
-from common.app.cli.args import EXIT_FAILURE, EXIT_OK, positive_int
-from common.spec.config import read_config_fields
+from transformer_rosetta.app.cli.args import EXIT_FAILURE, EXIT_OK, positive_int
+from transformer_rosetta.spec.config import read_config_fields
 
 
 def run_convert_command(args: argparse.Namespace) -> int:
-    from common.porting.convert import convert
-    from common.porting.user_map import load_map
-    from common.porting.verify import VerificationFailed
+    from transformer_rosetta.porting.convert import convert
+    from transformer_rosetta.porting.user_map import load_map
+    from transformer_rosetta.porting.verify import VerificationFailed
 
     # The fields as written: a table kind takes what the model does not fix from them.
     config = read_config_fields(args.config) if args.config else None
@@ -74,7 +74,12 @@ def run_convert_command(args: argparse.Namespace) -> int:
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
-    from common.porting.convert import EXPORT_KINDS, EXPORT_ONLY_KINDS, IMPORT_KINDS, KINDS
+    from transformer_rosetta.porting.convert import (
+        EXPORT_KINDS,
+        EXPORT_ONLY_KINDS,
+        IMPORT_KINDS,
+        KINDS,
+    )
 
     p = sub.add_parser(
         "convert",
@@ -203,7 +208,7 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def add_export(sub: argparse._SubParsersAction) -> None:
-    from common.porting.convert import KINDS
+    from transformer_rosetta.porting.convert import KINDS
 
     p = sub.add_parser(
         "export",

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.adapter.backends import Model, get_backend, unavailable_reason
-from common.app.cli.args import (
+from transformer_rosetta.adapter.backends import Model, get_backend, unavailable_reason
+from transformer_rosetta.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
     UsageError,
@@ -24,24 +24,24 @@ from common.app.cli.args import (
     positive_int,
     seed_int,
 )
-from common.app.cli.task_models import (
+from transformer_rosetta.app.cli.task_models import (
     TRAINABLE,
     build,
     check_beam,
     run_training,
     tasks_epilog,
 )
-from common.app.plots import PNG_BYTES_BOUND
-from common.app.resources import weights_bytes
-from common.app.tasks import TASKS, Task, get_task
-from common.app.trainer import exact_match, initial_weights, translate
-from common.files.outputs import check_output_folder, make_folder
-from common.spec.config import TransformerConfig
-from common.spec.masks import shift_right
-from common.weights.format import load_weights, save_weights
+from transformer_rosetta.app.plots import PNG_BYTES_BOUND
+from transformer_rosetta.app.resources import weights_bytes
+from transformer_rosetta.app.tasks import TASKS, Task, get_task
+from transformer_rosetta.app.trainer import exact_match, initial_weights, translate
+from transformer_rosetta.files.outputs import check_output_folder, make_folder
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.masks import shift_right
+from transformer_rosetta.weights.format import load_weights, save_weights
 
 if TYPE_CHECKING:
-    from common.app.parity import ParityReport
+    from transformer_rosetta.app.parity import ParityReport
 
 DEMO_INPUTS = ("7", "13", "80", "105", "2026", "40213", "115000", "999999")
 # The rest of the family, named once at the end of the demo and in its help.
@@ -120,7 +120,7 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
     model = build(args.framework, config, weights, "float32", args.device)
     others = [f for f in TRAINABLE if f != args.framework]
     skipped = {f: unavailable_reason(f) for f in others if unavailable_reason(f)}
-    from common.app.parity import resolve_devices
+    from transformer_rosetta.app.parity import resolve_devices
 
     devices: dict[str, str] = {}
     for f in others:
@@ -229,8 +229,8 @@ def compare_with_oracle(
 ) -> ParityReport:
     """Stage 4: the float64 parity table of every framework on DEMO_INPUTS and their reference
     translations, then the float32 logit gap between the models that translated."""
-    # Imported here, not at the top, so that a test's patch of common.app.parity is seen.
-    from common.app.parity import format_table, run_parity, summary_line
+    # Imported here, not at the top, so that a test's patch of transformer_rosetta.app.parity is seen.
+    from transformer_rosetta.app.parity import format_table, run_parity, summary_line
 
     print("\n4. parity of every output on these inputs: float64, against the float64 oracle")
     texts = list(DEMO_INPUTS)
@@ -270,7 +270,7 @@ def float32_logit_gap(
 def plot_example_attention(args: argparse.Namespace, plan: DemoPlan) -> Path:
     """The trained model's cross-attention, last decoder layer, every head, on --example and its
     own translation of it, drawn as a heatmap."""
-    from common.app.plots import plot_cross_attention
+    from transformer_rosetta.app.plots import plot_cross_attention
 
     task, config = plan.task, plan.config
     ex_src = task.encode_sources([args.example])
@@ -290,7 +290,7 @@ def plot_example_attention(args: argparse.Namespace, plan: DemoPlan) -> Path:
 
 def plot_demo_losses(args: argparse.Namespace, plan: DemoPlan, losses: list[float]) -> Path:
     """Stage 1's training loss, drawn."""
-    from common.app.plots import plot_loss_curve
+    from transformer_rosetta.app.plots import plot_loss_curve
 
     title = f"{plan.task.name}, {args.framework}: training loss"
     return plot_loss_curve(losses, plan.folder / plan.names["loss"], title)

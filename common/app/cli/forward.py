@@ -10,8 +10,8 @@ import json
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS, get_backend
-from common.app.cli.args import (
+from transformer_rosetta.adapter.backends import FRAMEWORKS, get_backend
+from transformer_rosetta.app.cli.args import (
     EXIT_OK,
     UsageError,
     add_device_argument,
@@ -21,11 +21,11 @@ from common.app.cli.args import (
     load_ids,
     refuse_absent_half,
 )
-from common.app.parity import batch_size
-from common.app.resources import check_forward_fits
-from common.files.outputs import atomic_write, check_output_file
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs
+from transformer_rosetta.app.parity import batch_size
+from transformer_rosetta.app.resources import check_forward_fits
+from transformer_rosetta.files.outputs import atomic_write, check_output_file
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_inputs
 
 
 def run_forward_command(args: argparse.Namespace) -> int:

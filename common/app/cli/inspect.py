@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.app.cli.args import EXIT_OK, UsageError, warn
-from common.files.outputs import shown
-from common.porting.verify import difference_text
-from common.spec.config import PRESETS, TransformerConfig, preset
-from common.spec.names import canonical_specs, embedding_names, parameter_count
-from common.weights.format import (
+from transformer_rosetta.app.cli.args import EXIT_OK, UsageError, warn
+from transformer_rosetta.files.outputs import shown
+from transformer_rosetta.porting.verify import difference_text
+from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
+from transformer_rosetta.spec.names import canonical_specs, embedding_names, parameter_count
+from transformer_rosetta.weights.format import (
     META_PROVENANCE,
     describe_nonfinite,
     load_weights,
@@ -72,7 +72,7 @@ def onnx_report(path: str) -> dict[str, Any]:
     graph inputs and outputs (symbolic dimensions by name) and provenance."""
     import onnx
 
-    from common.files.safe_read import regular_file
+    from transformer_rosetta.files.safe_read import regular_file
 
     regular_file(Path(path), "an ONNX file")
     try:

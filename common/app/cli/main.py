@@ -9,26 +9,35 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from common.app.cli.args import EXIT_BAD_INPUT, Parser, UsageError
-from common.app.cli.bench import add_bench
-from common.app.cli.convert import add_convert, add_export
-from common.app.cli.demo import add_demo
-from common.app.cli.forward import add_forward
-from common.app.cli.inspect import add_inspect
-from common.app.cli.parity import add_parity
-from common.app.cli.train import add_train
-from common.app.cli.translate import add_translate
-from common.errors import RosettaError
-from common.files.outputs import Interrupted, shown, signal_received, signals_end_cleanly
+from transformer_rosetta.app.cli.args import EXIT_BAD_INPUT, Parser, UsageError
+from transformer_rosetta.app.cli.convert import add_convert, add_export
+from transformer_rosetta.app.cli.demo import add_demo
+from transformer_rosetta.app.cli.forward import add_forward
+from transformer_rosetta.app.cli.inspect import add_inspect
+from transformer_rosetta.app.cli.parity import add_parity
+from transformer_rosetta.app.cli.train import add_train
+from transformer_rosetta.app.cli.translate import add_translate
+from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.files.outputs import (
+    Interrupted,
+    shown,
+    signal_received,
+    signals_end_cleanly,
+)
+
+# Registers one command on the subparsers: its arguments and its run function.
+AddCommand = Callable[[argparse._SubParsersAction], None]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """`rosetta` and its commands, in the order `rosetta --help` lists them."""
+def build_parser(extra: Sequence[AddCommand] = ()) -> argparse.ArgumentParser:
+    """`rosetta` and its commands, in the order `rosetta --help` lists them. `extra` are the
+    commands of the layers above the application (`bench`, from the benchmarks), which this
+    package cannot import without a cycle; transformer_rosetta.cli passes them."""
     parser = Parser(
         prog="rosetta",
         description=(
@@ -47,14 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
         add_forward,
         add_convert,
         add_export,
-        add_bench,
         add_inspect,
+        *extra,
     ):
         add(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def command_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The commands of a parser build_parser made, in its order."""
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def main(argv: Sequence[str] | None = None, extra: Sequence[AddCommand] = ()) -> int:
     """Run one command. Every error a user can cause ends here as one line on stderr and exit
     2; a termination signal as one line and 128 + its number, after removing partial files."""
     _replace_closed_streams()
@@ -64,12 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = _StdoutThatMayClose(sys.stdout)
     try:
         with signals_end_cleanly():
-            parser = build_parser()
+            parser = build_parser(extra)
             args = parser.parse_args(argv)
             if not hasattr(args, "run"):
                 raise UsageError(
-                    "no command given; choose one of demo, train, translate, parity, forward, "
-                    "convert, export, bench, inspect (see 'rosetta --help')"
+                    f"no command given; choose one of {', '.join(command_names(parser))} "
+                    "(see 'rosetta --help')"
                 )
             # Non-finite values are reported once, by name (see config_and_weights); numpy's
             # own RuntimeWarnings about NaN arithmetic would only add lines after that.

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS, RUNTIMES
-from common.app.cli.args import (
+from transformer_rosetta.adapter.backends import FRAMEWORKS, RUNTIMES
+from transformer_rosetta.app.cli.args import (
     EXIT_FAILURE,
     EXIT_OK,
     UsageError,
@@ -25,18 +25,18 @@ from common.app.cli.args import (
     refuse_absent_half,
     runtimes_arg,
 )
-from common.app.resources import check_forward_fits
-from common.files.outputs import check_output_folder
-from common.spec.config import TransformerConfig
-from common.spec.inputs import check_inputs, ragged_batch
+from transformer_rosetta.app.resources import check_forward_fits
+from transformer_rosetta.files.outputs import check_output_folder
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_inputs, ragged_batch
 
 if TYPE_CHECKING:
-    from common.app.parity import ParityReport
+    from transformer_rosetta.app.parity import ParityReport
 
 
 def run_parity_command(args: argparse.Namespace) -> int:
-    # Imported here, not at the top, so that a test's patch of common.app.parity is seen.
-    from common.app.parity import batch_size, run_parity, stderr_progress
+    # Imported here, not at the top, so that a test's patch of transformer_rosetta.app.parity is seen.
+    from transformer_rosetta.app.parity import batch_size, run_parity, stderr_progress
 
     if set(args.frameworks) <= {"numpy"}:
         raise UsageError(
@@ -59,7 +59,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
     )
     plots: list[Path] = []
     if args.plot:
-        from common.app.plots import plot_attention
+        from transformer_rosetta.app.plots import plot_attention
 
         plots = plot_attention(report, args.plot, plot_layer, args.plot_head, args.plot_row)
     if args.json:
@@ -85,7 +85,7 @@ def parity_inputs(
     """The checked (src, tgt_in) ids, None for the half the model lacks: from --inputs, else a
     ragged batch from --seed; refused first if running every model on them would not fit in
     memory. A length option of the absent half is refused rather than ignored."""
-    from common.app.parity import batch_size
+    from transformer_rosetta.app.parity import batch_size
 
     models = len(args.frameworks) + 1  # every framework's outputs and the oracle's are kept
     given = {"src": args.src_len is not None, "tgt": args.tgt_len is not None}
@@ -113,7 +113,7 @@ def describe_parity_inputs(
 ) -> str:
     """ "batch 4, source length 9, target length 7"; a half's: "batch 4, target length 7 (a
     decoder-only model: no source)"."""
-    from common.app.parity import batch_size
+    from transformer_rosetta.app.parity import batch_size
 
     rows = batch_size(src, tgt_in)
     lengths = [
@@ -134,7 +134,7 @@ def print_parity(
     plots: list[Path],
 ) -> None:
     """The human-readable report: model, inputs, skipped frameworks, the table, the summary."""
-    from common.app.parity import format_table, summary_line
+    from transformer_rosetta.app.parity import format_table, summary_line
 
     print(f"model: {source} ({report.config.kind_name})")
     print(
@@ -168,7 +168,7 @@ def check_plot_request(args: argparse.Namespace, config: TransformerConfig, rows
         )
     if not 0 <= args.plot_row < rows:
         raise UsageError(f"--plot-row {args.plot_row} is outside the batch rows 0..{rows - 1}")
-    from common.app.plots import PNG_BYTES_BOUND, attention_plot_names
+    from transformer_rosetta.app.plots import PNG_BYTES_BOUND, attention_plot_names
 
     names = attention_plot_names(config, layer, args.plot_head)
     inputs = (getattr(args, "weights", None), getattr(args, "inputs", None))

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.adapter.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
-from common.app.cli.args import UsageError, device_for
-from common.app.progress import ProgressBar
-from common.app.resources import check_fits, decode_bytes
-from common.app.tasks import TASKS, Task, get_task
-from common.app.trainer import train
-from common.decoding.search import EXTRA_LEN
-from common.spec.config import TransformerConfig
-from common.weights.format import META_TASK, check_finite, load_weights
+from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
+from transformer_rosetta.app.cli.args import UsageError, device_for
+from transformer_rosetta.app.progress import ProgressBar
+from transformer_rosetta.app.resources import check_fits, decode_bytes
+from transformer_rosetta.app.tasks import TASKS, Task, get_task
+from transformer_rosetta.app.trainer import train
+from transformer_rosetta.decoding.search import EXTRA_LEN
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.weights.format import META_TASK, check_finite, load_weights
 
 TRAINABLE = tuple(f for f in FRAMEWORKS if f != "numpy")
 
@@ -27,7 +27,7 @@ def build(
     dtype: str,
     device: str = "cpu",
 ) -> Model:
-    """The framework's model on the device a --device request names (common.app.cli.args
+    """The framework's model on the device a --device request names (transformer_rosetta.app.cli.args
     DEVICE_HELP), or a one-line UsageError naming why the framework cannot run there."""
     check_framework(framework)
     return get_backend(framework).build(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.adapter.backends import get_backend
-from common.app.cli.args import EXIT_OK, add_device_argument, positive_int, seed_int
-from common.app.cli.task_models import (
+from transformer_rosetta.adapter.backends import get_backend
+from transformer_rosetta.app.cli.args import EXIT_OK, add_device_argument, positive_int, seed_int
+from transformer_rosetta.app.cli.task_models import (
     KIND_WORDS,
     TRAINABLE,
     build,
@@ -18,13 +18,13 @@ from common.app.cli.task_models import (
     run_training,
     tasks_epilog,
 )
-from common.app.plots import PNG_BYTES_BOUND
-from common.app.resources import weights_bytes
-from common.app.tasks import TASKS, Task, get_task
-from common.app.trainer import exact_match, initial_weights
-from common.files.outputs import check_free_space, check_output_file
-from common.spec.config import TransformerConfig
-from common.weights.format import save_weights
+from transformer_rosetta.app.plots import PNG_BYTES_BOUND
+from transformer_rosetta.app.resources import weights_bytes
+from transformer_rosetta.app.tasks import TASKS, Task, get_task
+from transformer_rosetta.app.trainer import exact_match, initial_weights
+from transformer_rosetta.files.outputs import check_free_space, check_output_file
+from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.weights.format import save_weights
 
 
 def loss_plot_path(out: Path) -> Path:
@@ -68,7 +68,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     save_weights(out, model.export(), config, get_backend(args.framework).version(), task=task.name)
     print(f"wrote {out}")
     if args.plot:
-        from common.app.plots import plot_loss_curve
+        from transformer_rosetta.app.plots import plot_loss_curve
 
         png = loss_plot_path(out)
         plot_loss_curve(losses, png, f"{task.name}, {args.framework}: training loss")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from common.app.cli.args import EXIT_OK, add_device_argument, positive_int
-from common.app.cli.task_models import TRAINABLE, build, check_beam, load_task_weights
-from common.app.trainer import translate
+from transformer_rosetta.app.cli.args import EXIT_OK, add_device_argument, positive_int
+from transformer_rosetta.app.cli.task_models import TRAINABLE, build, check_beam, load_task_weights
+from transformer_rosetta.app.trainer import translate
 
 
 def run_translate_command(args: argparse.Namespace) -> int:

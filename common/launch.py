@@ -1,6 +1,6 @@
 """The `rosetta` console script. Importing the CLI takes a second or more (numpy, matplotlib, a
 framework's registry); a Ctrl-C, SIGTERM or SIGHUP in that second arrives before
-common.app.cli.main can catch it. This entry point catches it, imports nothing heavy itself, and
+transformer_rosetta.cli can catch it. This entry point catches it, imports nothing heavy itself, and
 then hands over."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> int:
             signal.signal(getattr(signal, name), _stopped_while_starting)
     signal.signal(signal.SIGINT, _interrupted_while_starting)
     try:
-        from common.app.cli.main import main as run
+        from transformer_rosetta.cli import main as run
     except (KeyboardInterrupt, ImportError):
         # A Ctrl-C inside a C extension's import (numpy's) surfaces as its ImportError.
         if not _interrupts:

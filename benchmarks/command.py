@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from common.app.cli.args import (
+from transformer_rosetta.app.cli.args import (
     EXIT_OK,
     MAX_REPEATS,
     UsageError,
@@ -15,13 +15,13 @@ from common.app.cli.args import (
     positive_int,
     repeats_int,
 )
-from common.app.resources import check_forward_fits
-from common.spec.config import PRESETS, TransformerConfig, preset
-from common.spec.precision import BENCH_PRECISIONS
+from transformer_rosetta.app.resources import check_forward_fits
+from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
+from transformer_rosetta.spec.precision import BENCH_PRECISIONS
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from benchmarks.suite import BENCH_FRAMEWORKS, format_bench, run_bench
+    from transformer_rosetta.benchmarks.suite import BENCH_FRAMEWORKS, format_bench, run_bench
 
     config = TransformerConfig.from_file(args.config) if args.config else preset(args.preset)
     if args.vocab is not None:
@@ -58,7 +58,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    from benchmarks.harness import DEVICE_HELP, PRECISION_HELP, device_arg
+    from transformer_rosetta.benchmarks.harness import DEVICE_HELP, PRECISION_HELP, device_arg
 
     p = sub.add_parser(
         "bench",
