@@ -22,7 +22,9 @@ def package_dirs() -> dict[str, str]:
 
 
 def listed_packages() -> list[str]:
-    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    return list(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
 
 
 def installed_layout(dest: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,25 @@ def test_measure_names_what_it_measures():
     assert docs._measure_kinds(["--check"]) == []
     with pytest.raises(SystemExit, match="--measure: unknown 'speed'; give parity or divergences"):
         docs._measure_kinds(["--measure", "speed"])
+
+
+def test_the_docs_tools_find_the_checkout_from_the_working_directory(tmp_path):
+    """The generators read the repository, never the installed package's location: inside a
+    checkout they find its root from any folder of it; outside one they stop with one line."""
+    import subprocess
+    import sys
+
+    from transformer_rosetta.app.checkout import checkout
+
+    root = Path(__file__).resolve().parents[1]
+    assert checkout(root / "docs") == root
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_rosetta.app.docs", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "not inside a checkout of transformer-rosetta" in lines[0]

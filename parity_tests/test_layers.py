@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = (
     "common/ is layered",
+    "the entry points sit on top",
+    "the testing API sits on top",
     "the framework-free core imports no framework",
     "each implementation is layered alike",
     "the three implementations are independent of each other",

@@ -112,8 +112,17 @@ class Backend(Protocol):
     """One framework's implementation."""
 
     name: str  # registry key: "numpy", "torch", "tf", "jax"
-    dtypes: tuple[str, ...]  # compute dtypes it supports
-    modes: tuple[str, ...]  # "eager" and, where the framework compiles, "compiled"
+
+    # Read-only for a type checker, so a backend's own tuple (("float64",)) satisfies them.
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """Compute dtypes it supports."""
+        ...
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The "eager" mode and, where the framework compiles, "compiled"."""
+        ...
 
     def version(self) -> str:
         """Framework and version, e.g. 'torch 2.13.0'; written as the producer of files."""

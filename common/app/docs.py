@@ -14,10 +14,11 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformer_rosetta.app.checkout import checkout, checkout_or_cwd
 from transformer_rosetta.errors import RosettaError
-from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.files.outputs import atomic_write, text_writer
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import canonical_specs
 from transformer_rosetta.weights.format import (
@@ -35,7 +36,7 @@ from transformer_rosetta.weights.format import (
 DOC = checkout_or_cwd() / "docs" / "FORMAT.md"
 
 # A config whose sizes are all different numbers, so each number in a shape names one size.
-_PROBE = dict(
+_PROBE: dict[str, Any] = dict(
     src_vocab_size=11,
     tgt_vocab_size=13,
     d_model=14,
@@ -57,7 +58,7 @@ _SYMBOLS = {
     3: "type_vocab",
 }
 # Every tensor is present or absent according to one switch; the probe turns all of them on.
-_MAXIMAL = dict(
+_MAXIMAL: dict[str, Any] = dict(
     share_embeddings=False,
     tie_output=False,
     output_bias=True,
@@ -65,7 +66,7 @@ _MAXIMAL = dict(
     attention_bias=True,
 )
 # BERT's embedding additions, on for the names tables only (the importers' tables have none).
-_EMBEDDING_EXTRAS = dict(type_vocab_size=3, embedding_norm=True)
+_EMBEDDING_EXTRAS: dict[str, Any] = dict(type_vocab_size=3, embedding_norm=True)
 _SWITCHES = {
     "share_embeddings": True,
     "tie_output": True,
@@ -93,7 +94,7 @@ def _template(name: str) -> str:
     return re.sub(r"layers(\.|/|\[)0(\.|/|\])", r"layers\1{i}\2", name)
 
 
-def _names(**changes: object) -> dict[str, tuple[int, ...]]:
+def _names(**changes: Any) -> dict[str, tuple[int, ...]]:
     config = TransformerConfig(**{**_PROBE, **_MAXIMAL, **_EMBEDDING_EXTRAS, **changes})
     return {s.name: s.shape for s in canonical_specs(config)}
 
@@ -176,14 +177,13 @@ def config_table() -> str:
     return "\n".join(lines)
 
 
+_JSON_BOOLS: dict[object, str] = {True: "true", False: "false"}
+
+
 def _json(value: object) -> str:
     if value is None:
         return "null"
-    return (
-        {True: "true", False: "false"}.get(value, f'"{value}"')
-        if isinstance(value, (bool, str))
-        else str(value)
-    )
+    return _JSON_BOOLS.get(value, f'"{value}"') if isinstance(value, (bool, str)) else str(value)
 
 
 def native_names_table() -> str:
@@ -503,8 +503,13 @@ def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> 
         )
         if not pattern.search(text):
             raise ValueError(f"no generated block named {key!r}")
-        text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
+        text = pattern.sub(_filled_with(generate), text)
     return text
+
+
+def _filled_with(generate: Callable[[], str]) -> Callable[[re.Match[str]], str]:
+    """A replacement for a generated block: its BEGIN line, generate()'s text, its END line."""
+    return lambda m: m.group(1) + generate() + "\n" + m.group(2)
 
 
 def _measure_kinds(argv: list[str]) -> list[str]:
@@ -547,7 +552,7 @@ def main(argv: list[str]) -> int:
         if fresh != current:
             stale.append(doc)
             if "--check" not in argv:
-                atomic_write(doc, lambda tmp, text=fresh: Path(tmp).write_text(text))
+                atomic_write(doc, text_writer(fresh))
                 print(f"wrote {doc}")
     if "--check" in argv and stale:
         print(

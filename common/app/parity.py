@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -308,6 +309,58 @@ def run_parity(
                 compare(quantity, a.label, b.label, a.outputs[quantity], b.outputs[quantity], tol)
             )
     return report
+
+
+# The ragged batch `rosetta parity` and `parity()` build when given no inputs.
+DEFAULT_BATCH = 4
+DEFAULT_LENGTHS = {"src": 9, "tgt": 7}
+
+
+def parity(
+    weights: str | Path | None = None,
+    *,
+    preset: str = "tiny",
+    config: TransformerConfig | None = None,
+    src: np.ndarray | None = None,
+    tgt: np.ndarray | None = None,
+    frameworks: Sequence[str] = FRAMEWORKS,
+    dtype: str = "float32",
+    device: str = "cpu",
+    precision: str = DEFAULT_PRECISION,
+    seed: int = 0,
+) -> ParityReport:
+    """`rosetta parity` as a function: the report it prints (`format_table(report)`,
+    `report.passed`, `report.to_json()`).
+
+    The model: a weight file, else random weights (seed) for `config` or the named preset. The
+    inputs: src/tgt ids (the half a model lacks stays None), else the CLI's ragged batch."""
+    from transformer_rosetta.spec.config import preset as named_preset
+    from transformer_rosetta.spec.inputs import check_inputs, ragged_batch
+    from transformer_rosetta.weights.format import load_weights
+    from transformer_rosetta.weights.init import init_weights
+
+    if weights is not None:
+        wf = load_weights(weights, config=config)
+        config, tensors = wf.config, wf.tensors
+    else:
+        config = config or named_preset(preset)
+        tensors = init_weights(config, seed=seed, scheme="perturbed", dtype="float64")
+    if src is None and tgt is None:
+        src, tgt = ragged_batch(
+            config, DEFAULT_BATCH, DEFAULT_LENGTHS["src"], DEFAULT_LENGTHS["tgt"], seed
+        )
+    src, tgt = check_inputs(config, src, tgt)
+    chosen = [frameworks] if isinstance(frameworks, str) else list(frameworks)
+    return run_parity(
+        config,
+        tensors,
+        src,
+        tgt,
+        frameworks=chosen,
+        dtype=dtype,
+        device=device,
+        precision=precision,
+    )
 
 
 def stderr_progress(message: str) -> None:

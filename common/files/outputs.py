@@ -256,8 +256,14 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
         )
 
 
+def text_writer(text: str) -> Callable[[str], object]:
+    """atomic_write's writer of `text`: one function per text, so a loop over files can hand
+    each its own (a lambda in the loop would see only the last text)."""
+    return lambda tmp: Path(tmp).write_text(text)
+
+
 def atomic_write(
-    path: str | os.PathLike, write: Callable[[str], None], size: int | None = None
+    path: str | os.PathLike, write: Callable[[str], object], size: int | None = None
 ) -> None:
     """Call write(temp_path), fsync the result, then rename it over `path` in one step.
 

@@ -240,7 +240,8 @@ def sentence_pooling(folder: Path, d_model: int) -> tuple[dict[str, Any], list[s
         if is_int(st.get("max_seq_length")):
             notes.append(
                 f"sentence-transformers truncates inputs to max_seq_length {st['max_seq_length']} "
-                f"({ST_CONFIG_FILE}); rosetta does not truncate: tokenize with that limit to match"
+                f"({ST_CONFIG_FILE}); the stored tokenizer (rosetta embed) truncates there too, "
+                "while ids given to rosetta forward are taken as they are"
             )
     return {"pooling": pooling, "pooled_l2_norm": l2}, notes
 

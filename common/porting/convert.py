@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, get_backend
 from transformer_rosetta.errors import RosettaError
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
 from transformer_rosetta.files.safe_read import regular_file, shown
+from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
 from transformer_rosetta.porting.verify import (
     PROBE_SHAPES,
     Provenance,
@@ -42,6 +43,9 @@ from transformer_rosetta.weights.format import (
     nonfinite_counts,
     save_weights,
 )
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 NATIVE_KINDS = NATIVE_BACKENDS  # kind -> the backend whose native checkpoint it is
 TABLE_KINDS = (
@@ -129,10 +133,13 @@ def infer_source_kind(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").exists():
             from transformer_rosetta.porting.bert import is_bert_folder
+            from transformer_rosetta.porting.gpt import is_gpt2_folder
 
+            if is_gpt2_folder(path):
+                return "gpt2"
             return "bert" if is_bert_folder(path) else "marian"
         raise ConvertError(
-            f"{path}: a folder without config.json; --from marian and --from bert expect a "
+            f"{path}: a folder without config.json; --from marian, bert and gpt2 expect a "
             "Hugging Face model folder"
         )
     kind = kind_from_suffix(path)
@@ -195,6 +202,8 @@ def read_source(
     config, or (for the table kinds) the fields the user gives; `table` is the user's map for
     kind "map". An importer that drops or decides something the tensors do not show (BERT's
     pooler) says so in `notes`."""
+    if kind == "gpt2" and path.is_dir():  # a save_pretrained folder: its config.json is read
+        return _read_gpt2_folder(path, config, table, learned_positions, notes)
     if kind in TABLE_KINDS:
         return _read_with_table(path, kind, config, table, learned_positions)
     if learned_positions:
@@ -239,6 +248,28 @@ def read_source(
 
         return config, nn_transformer_to_canonical(get_backend("torch").read_tensors(path), config)
     return config, get_backend(NATIVE_KINDS[kind]).load_native(path, config)
+
+
+def _read_gpt2_folder(
+    path: Path,
+    config: TransformerConfig | Mapping[str, Any] | None,
+    table: Any,
+    learned_positions: bool,
+    notes: list[str] | None,
+) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """A GPT-2 save_pretrained folder (common/porting/gpt.py, import_gpt2_folder): --config may
+    add what its config.json does not tell (pad_id) and must agree with the rest."""
+    from transformer_rosetta.porting.gpt import import_gpt2_folder
+
+    if table is not None:
+        raise ConvertError("--map applies to --from map, not to --from gpt2")
+    if learned_positions:
+        raise ConvertError("--learned-positions: GPT-2's positions are learned already")
+    given = config.to_dict() if isinstance(config, TransformerConfig) else config
+    found = import_gpt2_folder(path, given)
+    if notes is not None:
+        notes.extend(found.notes)
+    return found.config, found.tensors
 
 
 def _read_with_table(
@@ -369,6 +400,9 @@ def convert(
     )
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
     check_finite(src, tensors, allow_nonfinite)
+    tokenizer = source_tokenizer(src, from_kind, model_config)  # travels with a .safetensors
+    if tokenizer is not None:
+        notes.append(carried_note(tokenizer, to_kind))
     if verify and allow_nonfinite and nonfinite_counts(tensors):
         raise ConvertError("--verify: the weights hold NaN or Inf, whose logits cannot be compared")
     if to_kind == "onnx":
@@ -412,7 +446,7 @@ def convert(
                 f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
                 f"{shown(dst)} was {kept}"
             )
-        _stamp(stage, to_kind, provenance)
+        _stamp(stage, to_kind, provenance, tokenizer)
         publish(stage, dst)
     first = next(iter(tensors.values()))
     return Converted(
@@ -435,8 +469,9 @@ def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:
 
 # Sources whose check is a parity test rather than --verify (which compares logits).
 VERIFIED_BY_TESTS = {
-    "gpt2": "a GPT-2 state_dict runs in transformers only with its config.json, which --from gpt2 "
-    "does not read; parity_tests/test_port_gpt.py checks the import against GPT2LMHeadModel",
+    "gpt2": "--verify runs no transformers model; parity_tests/test_port_gpt.py and "
+    "test_generate.py check GPT-2's import (state_dicts and save_pretrained folders) against "
+    "GPT2LMHeadModel",
 }
 
 
@@ -451,19 +486,31 @@ def _provenance(src: Path, from_kind: str) -> Provenance:
     return Provenance(
         source=str(src),
         source_kind=from_kind,
-        source_sha256=sha256_of(src),
+        source_sha256=_source_sha256(src),
         converter=f"transformer-rosetta {package_version('transformer-rosetta')} (rosetta convert)",
         versions={"numpy": np.__version__, "safetensors": package_version("safetensors")},
     )
 
 
-def _stamp(dst: Path, to_kind: str, provenance: Provenance) -> None:
-    """Store the provenance record in the destination's metadata, where its format has a place."""
+def _source_sha256(src: Path) -> str:
+    """sha256_of the source; a sharded folder's covers its index and every shard (gpt.py)."""
+    from transformer_rosetta.porting.gpt import sharded_sha256
+
+    return (src.is_dir() and sharded_sha256(src)) or sha256_of(src)
+
+
+def _stamp(
+    dst: Path, to_kind: str, provenance: Provenance, tokenizer: Tokenizer | None = None
+) -> None:
+    """Store the provenance record in the destination's metadata, where its format has a place,
+    and in a .safetensors the source's tokenizer (weights/tokenizer.py), in the same rewrite."""
     from transformer_rosetta.weights.format import META_PROVENANCE, add_metadata
+    from transformer_rosetta.weights.tokenizer import tokenizer_metadata
 
     text = provenance.to_json()
     if to_kind == "rosetta":
-        add_metadata(dst, {META_PROVENANCE: text})
+        carried = tokenizer_metadata(tokenizer) if tokenizer is not None else {}
+        add_metadata(dst, {META_PROVENANCE: text, **carried})
     elif to_kind == "marian":
         from transformer_rosetta.porting.marian import SAFETENSORS_FILE
 

@@ -14,7 +14,10 @@
 - `gpt2`: transformers' `GPT2LMHeadModel` (or `GPT2Model`, whose keys lack the `transformer.`
   prefix): Conv1D layers store their weights [in, out] (c_attn [d, 3d]), `lm_head` is tied to
   `wte`, gelu_new is the tanh GELU. Older transformers saved `attn.bias` (the causal mask) and
-  `attn.masked_bias` (-1e4): checked, then dropped.
+  `attn.masked_bias` (-1e4): checked, then dropped. A save_pretrained folder (config.json with
+  model.safetensors, its shards and index, or pytorch_model.bin) is read whole by
+  `import_gpt2_folder`: its config.json gives the sizes, activation, eps, dropout and special ids,
+  and every switch the spec cannot express is refused by name.
 - `encoder-gpt` (alias `seed-gpt`): the `GPT` of seed text 002, "embedding, encoder, out": an
   `nn.Embedding`, a `TransformerEncoder` of the "Transformers from Scratch" style (one
   `AttentionHead` module per head, each with its own q, k, v nn.Linear; post-norm `Residual` and
@@ -30,9 +33,47 @@ are `needs` (docs/PORTING.md, "Decoder-only models", says how to choose them).
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
-from transformer_rosetta.porting.table import Computed, Constant, Rule, Table, is_causal_mask
+from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.safe_read import (
+    MAX_CONFIG_BYTES,
+    FileProblem,
+    brief,
+    is_int,
+    json_type,
+    listing,
+    read_json,
+    shown,
+    type_problem,
+)
+from transformer_rosetta.porting.hf_folder import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    TORCH_FILE,
+    model_folder,
+    name_hf_key,
+    read_config_json,
+    read_folder_weights,
+    read_json_file,
+)
+from transformer_rosetta.porting.marian import ACTIVATIONS
+from transformer_rosetta.porting.sources import read_source_tensors
+from transformer_rosetta.porting.table import (
+    Computed,
+    Constant,
+    Rule,
+    Table,
+    is_causal_mask,
+    to_canonical,
+)
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import TensorSpec
 
@@ -220,8 +261,9 @@ GPT2 = Table(
         "attention_bias": "GPT-2's Conv1D layers have a bias",
     },
     # GPT2Config's defaults: activation_function "gelu_new" (the tanh GELU; "gelu" is the erf
-    # one), layer_norm_epsilon 1e-5, resid_pdrop = embd_pdrop = attn_pdrop = 0.1. A config.json
-    # that says otherwise is given in --config.
+    # one), layer_norm_epsilon 1e-5, resid_pdrop = embd_pdrop = attn_pdrop = 0.1. For a bare
+    # state_dict a config.json that says otherwise is given in --config; a save_pretrained folder's
+    # config.json is read (import_gpt2_folder, below).
     defaults={
         "activation": "gelu_tanh",
         "layer_norm_eps": 1e-5,
@@ -239,6 +281,306 @@ GPT2 = Table(
     hints={**_WRONG_KIND, **_LINEAR_HINT},
     tie_reason="GPT2LMHeadModel ties them",
 )
+
+
+# -- a GPT-2 save_pretrained folder -----------------------------------------------------------------
+
+# GPT2Config's defaults (transformers 5.23, configuration_gpt2.py) for the keys read here; a
+# config.json may omit a key that equals its default.
+GPT2_HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,  # 4 * n_embd
+    "activation_function": "gelu_new",
+    "resid_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+    "layer_norm_epsilon": 1e-5,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+    "pad_token_id": None,
+}
+GPT2_HF_TYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"), ("an integer",)),
+    "n_inner": ("an integer", "null"),
+    **dict.fromkeys(
+        ("resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon"), ("a number",)
+    ),
+    **dict.fromkeys(("activation_function", "model_type"), ("a string",)),
+    **dict.fromkeys(
+        (
+            "scale_attn_weights",
+            "scale_attn_by_inverse_layer_idx",
+            "reorder_and_upcast_attn",
+            "add_cross_attention",
+            "tie_word_embeddings",
+        ),
+        ("true or false",),
+    ),
+}
+# Our field -> the GPT-2 key it comes from, to name the key in messages.
+GPT2_HF_FIELD = {
+    "src_vocab_size": "vocab_size",
+    "tgt_vocab_size": "vocab_size",
+    "d_model": "n_embd",
+    "num_heads": "n_head",
+    "d_ff": "n_inner",
+    "num_decoder_layers": "n_layer",
+    "max_len": "n_positions",
+    "dropout": "resid_pdrop",
+    "attention_dropout": "attn_pdrop",
+    "layer_norm_eps": "layer_norm_epsilon",
+    "activation": "activation_function",
+    "pad_id": "pad_token_id",
+    "bos_id": "bos_token_id",
+    "eos_id": "eos_token_id",
+}
+# Switches of GPT2Attention that change the function computed, and so have no place in the spec
+# (which scales every score by 1/sqrt(d_k), Eq. (1), and has no cross-attention in a GPT).
+_GPT2_REFUSED = {
+    "scale_attn_by_inverse_layer_idx": (
+        True,
+        "true divides layer i's scores by i + 1 as well, which the spec (1/sqrt(d_k), Eq. (1)) "
+        "cannot express",
+    ),
+    "scale_attn_weights": (
+        False,
+        "false leaves the scores unscaled; the spec scales by 1/sqrt(d_k)",
+    ),
+    "add_cross_attention": (True, "true adds cross-attention, which a decoder-only model has not"),
+    "tie_word_embeddings": (False, "false unties lm_head from wte; GPT-2's table ties them"),
+}
+GPT2_SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def is_gpt2_folder(path: str | Path) -> bool:
+    """Whether a folder's config.json says model_type "gpt2" (for `rosetta convert`'s guess)."""
+    try:
+        data = read_json(Path(path) / CONFIG_FILE, "a Hugging Face config.json", MAX_CONFIG_BYTES)
+    except FileProblem:
+        return False
+    return isinstance(data, dict) and data.get("model_type") == "gpt2"
+
+
+def _hf(hf: Mapping[str, Any], key: str) -> Any:
+    return hf.get(key, GPT2_HF_DEFAULTS.get(key))
+
+
+def _gpt2_token_id(hf: Mapping[str, Any], key: str, problems: list[str]) -> int | None:
+    value = _hf(hf, key)
+    if isinstance(value, list) and len(value) == 1:  # generation configs may list one id
+        value = value[0]
+    if value is None and key == "pad_token_id":
+        return None
+    if not is_int(value):
+        problems.append(f"{key}: must be one token id (an integer), got {brief(value)}")
+        return None
+    return value
+
+
+def gpt2_config_fields(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(our config fields, notes) for the model GPT2LMHeadModel builds from `hf` (config.json):
+    the sizes, activation, eps, dropout and special ids. Every value the spec cannot express is
+    refused in one ConfigError naming the GPT-2 key, a wrong JSON type first. pad_id is absent
+    from the fields when config.json has no pad_token_id (GPT-2 has none): the caller chooses."""
+    if not isinstance(hf, Mapping):
+        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
+    types = [p for k, t in GPT2_HF_TYPES.items() if k in hf and (p := type_problem(k, hf[k], *t))]
+    if types:
+        raise ConfigError(types)
+    problems: list[str] = []
+    notes: list[str] = []
+    if hf.get("model_type") != "gpt2":
+        problems.append(
+            f"model_type: {brief(hf.get('model_type'))} is not a GPT-2 model (expected 'gpt2')"
+        )
+    for key, (bad, why) in _GPT2_REFUSED.items():
+        if _hf(hf, key) is bad:
+            problems.append(f"{key}: {why}")
+    act = _hf(hf, "activation_function")
+    if act not in ACTIVATIONS:
+        problems.append(
+            f"activation_function: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
+        )
+    ids = {
+        ours: _gpt2_token_id(hf, key, problems)
+        for ours, key in (("bos_id", "bos_token_id"), ("eos_id", "eos_token_id"))
+    }
+    pad = _gpt2_token_id(hf, "pad_token_id", problems)
+    if problems:
+        raise ConfigError(problems)
+    if _hf(hf, "reorder_and_upcast_attn"):
+        notes.append(
+            "reorder_and_upcast_attn true: GPT-2 then computes its attention scores in float32 "
+            "under autocast; the function is the same, so nothing changes in the import"
+        )
+    if _hf(hf, "embd_pdrop") != _hf(hf, "resid_pdrop"):
+        notes.append(
+            f"embd_pdrop {_hf(hf, 'embd_pdrop')} differs from resid_pdrop "
+            f"{_hf(hf, 'resid_pdrop')}: the spec has one dropout, imported as resid_pdrop "
+            "(training only; eval is the same)"
+        )
+    n_embd = _hf(hf, "n_embd")
+    fields: dict[str, Any] = {
+        **GPT2.fixed,
+        "src_vocab_size": _hf(hf, "vocab_size"),
+        "tgt_vocab_size": _hf(hf, "vocab_size"),
+        "d_model": n_embd,
+        "num_heads": _hf(hf, "n_head"),
+        "d_ff": _hf(hf, "n_inner") if _hf(hf, "n_inner") is not None else 4 * n_embd,
+        "num_decoder_layers": _hf(hf, "n_layer"),
+        "max_len": _hf(hf, "n_positions"),
+        "dropout": _hf(hf, "resid_pdrop"),
+        "attention_dropout": _hf(hf, "attn_pdrop"),
+        "layer_norm_eps": _hf(hf, "layer_norm_epsilon"),
+        "activation": ACTIVATIONS[act],
+        **ids,
+    }
+    if pad is not None:
+        fields["pad_id"] = pad
+    return fields, notes
+
+
+def default_pad_id(fields: Mapping[str, Any]) -> int:
+    """The pad id of a GPT-2 whose config.json names none: the highest id that is neither BOS
+    nor EOS. GPT-2 masks nothing by id while the spec masks keys holding pad_id, so the pad
+    should be a token texts do not hold; BPE adds tokens in the order of their merges, most
+    frequent first, so the last ones are the rarest it learnt."""
+    special = {fields.get("bos_id"), fields.get("eos_id")}
+    return next(i for i in range(int(fields["tgt_vocab_size"]) - 1, -1, -1) if i not in special)
+
+
+def _shard_problem(name: Any) -> str | None:
+    if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+        return f"{brief(name)} is not a file name in this folder"
+    return None
+
+
+def read_sharded_weights(folder: Path, index_name: str) -> dict[str, np.ndarray]:
+    """{name: array} of a sharded checkpoint: its index's `weight_map` (tensor -> shard file),
+    every shard read and checked to hold exactly the tensors the index gives it. Every problem
+    (a missing shard, a tensor the index names that its shard lacks, one it does not name) is
+    reported at once, in one WeightFileError naming the folder."""
+    index = read_json_file(folder / index_name, "a sharded checkpoint's index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightFileError(
+            shown(folder), [f"{index_name}: weight_map must be an object of tensor -> shard file"]
+        )
+    by_shard: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for tensor, shard in weight_map.items():
+        problem = _shard_problem(shard)
+        if problem:
+            problems.append(f"{index_name}: {brief(tensor)}: {problem}")
+        else:
+            by_shard.setdefault(shard, set()).add(tensor)
+    missing = [s for s in sorted(by_shard) if not os.path.lexists(folder / s)]
+    if missing:
+        problems.append(f"missing shard {listing(missing)} (named by {index_name})")
+    if problems:
+        raise WeightFileError(shown(folder), problems)
+    tensors: dict[str, np.ndarray] = {}
+    for shard, expected in sorted(by_shard.items()):
+        held = read_source_tensors(folder / shard)
+        absent = sorted(expected - held.keys())
+        extra = sorted(held.keys() - expected)
+        if absent:
+            problems.append(f"{shard}: lacks {listing(absent)}, which {index_name} puts there")
+        if extra:
+            problems.append(f"{shard}: holds {listing(extra)}, which {index_name} does not name")
+        tensors.update({k: v for k, v in held.items() if k in expected})
+    if problems:
+        raise WeightFileError(shown(folder), problems)
+    return tensors
+
+
+def read_gpt2_weights(folder: Path) -> dict[str, np.ndarray]:
+    """The folder's weights, as save_pretrained writes them: model.safetensors, its shards
+    (model.safetensors.index.json), pytorch_model.bin, or its shards, in that order of preference
+    (transformers' own)."""
+    for single, index in zip((SAFETENSORS_FILE, TORCH_FILE), GPT2_SHARD_INDEXES, strict=True):
+        if os.path.lexists(folder / single):
+            return read_source_tensors(folder / single)
+        if os.path.lexists(folder / index):
+            return read_sharded_weights(folder, index)
+    return read_folder_weights(folder)  # names what is missing
+
+
+def sharded_sha256(folder: Path) -> str | None:
+    """The sha256 of a folder whose weights are sharded and that has no single weight file:
+    one digest over its index file, then each shard it names, in name order (so that any changed
+    byte changes it). None for any other folder (verify.sha256_of hashes its one file)."""
+    if any((folder / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE)):
+        return None
+    for index in GPT2_SHARD_INDEXES:
+        if (folder / index).is_file():
+            weight_map = read_json_file(folder / index, "a sharded checkpoint's index")
+            shards = sorted(set((weight_map.get("weight_map") or {}).values()))
+            digest = hashlib.sha256()
+            for path in (folder / index, *(folder / s for s in shards)):
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                        digest.update(chunk)
+            return digest.hexdigest()
+    return None
+
+
+@dataclass(frozen=True)
+class GPT2Import:
+    """An imported GPT-2 folder: our config, the canonical tensors, and what the import decided
+    that the files do not show (where pad_id came from, what it ignored)."""
+
+    config: TransformerConfig
+    tensors: dict[str, np.ndarray]
+    notes: tuple[str, ...]
+
+
+def gpt2_folder_config(
+    hf: Mapping[str, Any], given: Mapping[str, Any] | None = None
+) -> tuple[TransformerConfig, list[str]]:
+    """(config, notes) from config.json and the user's --config fields. --config may give what
+    config.json does not tell (pad_id, when it has no pad_token_id); a field it tells too must
+    agree (ConfigError naming both)."""
+    fields, notes = gpt2_config_fields(hf)
+    given = dict(given or {})
+    problems = [
+        f"{name}: --config says {brief(value)}, but config.json's "
+        f"{GPT2_HF_FIELD.get(name, name)} says {brief(fields[name])}"
+        for name, value in given.items()
+        if name in fields and value != fields[name]
+    ]
+    if problems:
+        raise ConfigError(problems)
+    fields.update(given)
+    if "pad_id" not in fields:
+        fields["pad_id"] = default_pad_id(fields)
+        notes.append(
+            f"pad_id {fields['pad_id']}: config.json has no pad_token_id (GPT-2 has no pad), so the "
+            "highest id that is not BOS or EOS; a key holding it is masked, which GPT-2 does not "
+            "do: give pad_id in --config to choose an id your texts never hold"
+        )
+    try:
+        return TransformerConfig.from_dict(fields), notes
+    except ConfigError as exc:  # name the GPT-2 key behind each of our fields
+        raise ConfigError([name_hf_key(p, GPT2_HF_FIELD, "GPT-2") for p in exc.problems]) from None
+
+
+def import_gpt2_folder(path: str | Path, given: Mapping[str, Any] | None = None) -> GPT2Import:
+    """Read a GPT-2 save_pretrained folder whole: config.json (GPT2Config) and the weights,
+    sharded or not. `given`: --config's fields (see gpt2_folder_config)."""
+    folder = model_folder(path, "GPT-2")
+    config, notes = gpt2_folder_config(read_config_json(folder), given)
+    tensors = to_canonical(GPT2, read_gpt2_weights(folder), config, shown(folder))
+    return GPT2Import(config, tensors, tuple(notes))
 
 
 # -- the encoder GPT (seed text 002) ------------------------------------------------------------

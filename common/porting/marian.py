@@ -579,7 +579,7 @@ def write_marian_dir(
     later file fails the files this call wrote are removed again (and the folder, if it made it)."""
     from safetensors.numpy import save_file
 
-    from transformer_rosetta.files.outputs import atomic_write, make_folder
+    from transformer_rosetta.files.outputs import atomic_write, make_folder, text_writer
 
     state = canonical_to_marian(tensors, c)
     texts = {
@@ -599,7 +599,7 @@ def write_marian_dir(
         )
         written.append(folder / SAFETENSORS_FILE)
         for name, text in texts.items():
-            atomic_write(folder / name, lambda tmp, t=text: Path(tmp).write_text(t))
+            atomic_write(folder / name, text_writer(text))
             written.append(folder / name)
     except BaseException:
         for path in written:

@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,8 @@ def write_onnx(
     if problems:
         raise OnnxExportError("; ".join(problems))
     weights = {name: np.asarray(t, np.float32) for name, t in tensors.items()}
-    model = get_backend("torch").export_onnx(
+    torch_backend: Any = get_backend("torch")  # export_onnx is torch's own, beyond Backend
+    model = torch_backend.export_onnx(
         config, weights, graph=graph, attention=attention, max_steps=max_steps
     )
     labels = {"format": FORMAT, "config": config.to_json(), "graph": graph}

@@ -12,6 +12,7 @@ importer tables (common/porting/table.py). No code in a file ever runs:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,8 @@ def read_source_tensors(path: str | Path) -> dict[str, np.ndarray]:
         from transformer_rosetta.adapter.backends import get_backend
 
         try:
-            return dict(get_backend("torch").read_tensors(path))
+            torch_backend: Any = get_backend("torch")  # read_tensors is torch's own
+            return dict(torch_backend.read_tensors(path))
         except BackendUnavailable as exc:
             raise WeightFileError(
                 shown(path), [f"reading a torch file needs torch ({exc})"]

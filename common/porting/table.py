@@ -712,7 +712,8 @@ def from_canonical(
         # Inverted back to the split (a block); the steps before the split in the table's order
         # (a squeeze, a transpose) act on the whole packed array: undone once the blocks are
         # stacked, not on each block.
-        block, axis, before = None, 0, ()
+        block, axis = None, 0
+        before: tuple[Step, ...] = ()
         for n in range(len(r.steps) - 1, -1, -1):
             step = r.steps[n]
             if step.block is not None:

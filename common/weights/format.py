@@ -53,6 +53,8 @@ META_TASK = (
 )
 # optional: where a converted file came from and how it was checked (common/porting/verify.py)
 META_PROVENANCE = "provenance"
+# optional: the tokenizer of an imported model, as the `tokenizers` library's JSON
+META_TOKENIZER = "tokenizer"
 REQUIRED_METADATA = (META_FORMAT, META_VERSION, META_CONFIG)
 
 # safetensors' dtype codes for the dtypes the format stores.

@@ -16,6 +16,7 @@ from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
 from transformer_rosetta.spec.names import canonical_specs, embedding_names, parameter_count
 from transformer_rosetta.weights.format import (
     META_PROVENANCE,
+    META_TOKENIZER,
     describe_nonfinite,
     load_weights,
     nonfinite_counts,
@@ -26,7 +27,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
     """What `rosetta inspect` shows, as data: source, config, tensors, parameter count."""
     if args.file is not None and (args.preset or args.config):
         raise UsageError("give a weight FILE or --preset/--config, not both")
-    provenance = None
+    provenance, tokenizer = None, None
     if args.file is not None:
         if any(v is not None for v in (args.src_vocab, args.tgt_vocab, args.vocab)):
             raise UsageError("--vocab/--src-vocab/--tgt-vocab apply to --preset/--config only")
@@ -35,6 +36,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         wf = load_weights(args.file)
         config, source, producer = wf.config, args.file, wf.producer
         provenance = wf.metadata.get(META_PROVENANCE)
+        tokenizer = stored_tokenizer(wf.metadata, args.file)
         tensors = [
             {"name": n, "shape": list(t.shape), "dtype": wf.dtype} for n, t in wf.tensors.items()
         ]
@@ -64,7 +66,18 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         "tied": tied,
         "nonfinite": nonfinite,
         "provenance": json.loads(provenance) if provenance else None,
+        "tokenizer": tokenizer,
     }
+
+
+def stored_tokenizer(metadata: dict[str, str], path: str) -> dict[str, Any] | None:
+    """A summary of the tokenizer a file carries (weights/tokenizer.py): its size, not its
+    ~1 MB of JSON; None when it carries none."""
+    from transformer_rosetta.weights.tokenizer import parse_tokenizer, tokenizer_summary
+
+    if META_TOKENIZER not in metadata:
+        return None
+    return tokenizer_summary(parse_tokenizer(metadata[META_TOKENIZER], shown(path)))
 
 
 def onnx_report(path: str) -> dict[str, Any]:
@@ -223,7 +236,7 @@ def asked_config(args: argparse.Namespace) -> tuple[TransformerConfig, str]:
     else:
         name = args.preset or "base"
         config, source = preset(name), f"preset {name}"
-    changes = {}
+    changes: dict[str, int] = {}
     if args.vocab is not None:
         changes.update(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
     if args.src_vocab is not None:
@@ -255,6 +268,10 @@ def print_inspect(report: dict[str, Any]) -> None:
         print(f"stored once and shared: {shared}")
     if report["nonfinite"]:
         print(f"WARNING: {describe_nonfinite(report['nonfinite'], limit=len(report['nonfinite']))}")
+    if report.get("tokenizer"):
+        t = report["tokenizer"]
+        cut = f"truncates to {t['truncation']}" if t["truncation"] else "no truncation"
+        print(f"tokenizer: {t['model']}, {t['vocab_size']:,} tokens, {cut} (for rosetta embed)")
     if report["provenance"]:
         print_provenance(report["provenance"])
 

@@ -17,7 +17,9 @@ import numpy as np
 from transformer_rosetta.app.cli.args import EXIT_BAD_INPUT, Parser, UsageError
 from transformer_rosetta.app.cli.convert import add_convert, add_export
 from transformer_rosetta.app.cli.demo import add_demo
+from transformer_rosetta.app.cli.embed import add_embed
 from transformer_rosetta.app.cli.forward import add_forward
+from transformer_rosetta.app.cli.generate import add_generate
 from transformer_rosetta.app.cli.inspect import add_inspect
 from transformer_rosetta.app.cli.parity import add_parity
 from transformer_rosetta.app.cli.train import add_train
@@ -52,8 +54,10 @@ def build_parser(extra: Sequence[AddCommand] = ()) -> argparse.ArgumentParser:
         add_demo,
         add_train,
         add_translate,
+        add_generate,
         add_parity,
         add_forward,
+        add_embed,
         add_convert,
         add_export,
         add_inspect,

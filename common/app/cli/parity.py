@@ -25,6 +25,7 @@ from transformer_rosetta.app.cli.args import (
     refuse_absent_half,
     runtimes_arg,
 )
+from transformer_rosetta.app.parity import DEFAULT_LENGTHS
 from transformer_rosetta.app.resources import check_forward_fits
 from transformer_rosetta.files.outputs import check_output_folder
 from transformer_rosetta.spec.config import TransformerConfig
@@ -76,7 +77,6 @@ def run_parity_command(args: argparse.Namespace) -> int:
 
 
 # --src-len and --tgt-len when not given (a half of the family takes one of them).
-DEFAULT_LENGTHS = {"src": 9, "tgt": 7}
 
 
 def parity_inputs(
