@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from transformer_rosetta.app.model import load as load
     from transformer_rosetta.app.parity import ParityReport as ParityReport
     from transformer_rosetta.app.parity import parity as parity
+    from transformer_rosetta.decoding.sampling import sample_search as sample_search
     from transformer_rosetta.decoding.search import Decoded as Decoded
     from transformer_rosetta.decoding.search import beam_search as beam_search
     from transformer_rosetta.decoding.search import greedy_search as greedy_search
@@ -61,6 +62,7 @@ _EXPORTS: dict[str, str] = {
     "beam_search": "transformer_rosetta.decoding.search",
     "Decoded": "transformer_rosetta.decoding.search",
     "greedy_search": "transformer_rosetta.decoding.search",
+    "sample_search": "transformer_rosetta.decoding.sampling",
     "BackendUnavailable": "transformer_rosetta.errors",
     "ConfigError": "transformer_rosetta.errors",
     "InputError": "transformer_rosetta.errors",

@@ -5,6 +5,7 @@ metadata, `inspect` shows it, and a file that misses the bound is removed with e
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def test_a_conversion_records_its_source_and_its_check(capsys, tmp_path, config_
         "kind": "torch",
         "sha256": hashlib.sha256(native.read_bytes()).hexdigest(),
     }
-    assert record["converter"].startswith("transformer-rosetta 0.1.0")
+    installed = importlib.metadata.version("transformer-rosetta")  # the distribution's, not ours
+    assert record["converter"].startswith(f"transformer-rosetta {installed} ")
     check = record["verify"]
     assert check["passed"] and check["bound"] == atol_for("float64") == 1e-10
     assert check["max_abs_logit_diff"] <= 1e-12  # measured 1.3e-15: summation order only

@@ -45,6 +45,7 @@ PUBLIC = [
     "load_weights",
     "parity",
     "preset",
+    "sample_search",
     "save_weights",
 ]
 
@@ -59,9 +60,10 @@ SIGNATURES = {
     "load_weights": "(path: 'str | Path', config: 'TransformerConfig | None' = None) -> 'WeightFile'",
     "parity": "(weights: 'str | Path | None' = None, *, preset: 'str' = 'tiny', config: 'TransformerConfig | None' = None, src: 'np.ndarray | None' = None, tgt: 'np.ndarray | None' = None, frameworks: 'Sequence[str]' = ('numpy', 'torch', 'tf', 'jax'), dtype: 'str' = 'float32', device: 'str' = 'cpu', precision: 'str' = 'highest', seed: 'int' = 0) -> 'ParityReport'",
     "preset": "(name: 'str') -> 'TransformerConfig'",
+    "sample_search": "(start: 'StepperFactory', c: 'TransformerConfig', src: 'np.ndarray', *, extra_len: 'int' = 50, temperature: 'float' = 1.0, top_k: 'int | None' = None, top_p: 'float | None' = None, seed: 'int' = 0, stop_at_eos: 'bool' = True) -> 'Decoded'",
     "save_weights": "(path: 'str | Path', tensors: 'Mapping[str, np.ndarray]', config: 'TransformerConfig', producer: 'str', *, task: 'str | None' = None) -> 'None'",
     "RosettaModel.forward": "(self, src: 'np.ndarray | Sequence[Sequence[int]] | None' = None, tgt: 'np.ndarray | Sequence[Sequence[int]] | None' = None, *, attention: 'bool' = False, hidden_states: 'bool' = False) -> 'ForwardOutput'",
-    "RosettaModel.generate": "(self, inputs: 'Prompt | Sequence[Prompt]', *, max_new_tokens: 'int' = 50, beam: 'int' = 1, sample: 'bool' = False, temperature: 'float' = 1.0, top_k: 'int | None' = None, top_p: 'float | None' = None, seed: 'int' = 0, cached: 'bool' = True) -> 'Any'",
+    "RosettaModel.generate": "(self, inputs: 'Prompt | Sequence[Prompt]', *, max_new_tokens: 'int' = 50, beam: 'int' = 1, sample: 'bool' = False, temperature: 'float' = 1.0, top_k: 'int | None' = None, top_p: 'float | None' = None, seed: 'int' = 0, cached: 'bool' = True) -> 'Generated'",
     "RosettaModel.embed": "(self, inputs: 'str | Sequence[str] | np.ndarray', *, batch_size: 'int' = 32) -> 'np.ndarray'",
     "RosettaModel.encode": "(self, inputs: 'str | Sequence[str] | np.ndarray', *, batch_size: 'int' = 32) -> 'np.ndarray'",
     "RosettaModel.save": "(self, path: 'str | Path', *, force: 'bool' = False) -> 'Path'",
@@ -212,3 +214,60 @@ def test_parity_is_the_report_the_cli_prints(tiny_file):
     report = tr.parity(path, frameworks=["numpy"])
     assert isinstance(report, tr.ParityReport) and report.passed
     assert report.config == config and report.src.shape[0] == 4  # the CLI's default batch
+
+
+TINY_BERT = ROOT / "parity_tests" / "data" / "tiny-bert"
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """The committed tiny BERT folder (make_tiny_bert.py), converted with its tokenizer, and the
+    float64 BertModel embeddings transformers gave for its texts."""
+    import json
+
+    path = tmp_path_factory.mktemp("bert") / "tiny-bert.safetensors"
+    tr.convert(TINY_BERT, path, from_kind="bert", verify=False)
+    expected = json.loads((ROOT / "parity_tests" / "data" / "tiny-bert-expected.json").read_text())
+    return path, expected["texts"], np.array(expected["embeddings"])
+
+
+@pytest.mark.parametrize("framework", ["numpy", *IMPLEMENTATIONS])
+def test_embed_gives_transformers_embeddings_in_every_framework(framework, tiny_bert):
+    """tr.load(...).embed(texts) through the stored tokenizer: transformers' BertModel + mean
+    pooling + L2 norm, within the float32 bound (1e-5, docs/PARITY.md) or float64's."""
+    backend_or_skip(framework)
+    path, texts, expected = tiny_bert
+    model = tr.load(path, framework, device="cpu")
+    got = model.embed(texts)
+    assert got.shape == expected.shape
+    bound = atol_for("float64" if framework == "numpy" else "float32")
+    assert np.abs(got - expected).max() <= bound
+    assert np.array_equal(model.encode(texts[:1]), model.embed(texts[0]))
+
+
+@pytest.mark.parametrize("framework", IMPLEMENTATIONS)
+def test_a_decoder_only_model_generates_the_oracles_tokens(framework, tmp_path):
+    """Prompts of two lengths, greedy: in float64, the oracle's own greedy search over its
+    stepper (the search is shared; what differs per framework is every logit)."""
+    backend_or_skip(framework)
+    config = tr.preset("tiny_decoder_only")
+    path = tmp_path / "gpt.safetensors"
+    tr.save_weights(path, tr.init_weights(config, seed=5, scheme="perturbed"), config, "test")
+    oracle = get_backend("numpy").build(config, tr.load_weights(path).tensors)
+    prompts = [[1, 7, 8, 9], [1, 10, 11]]
+    expected = []
+    for prompt in prompts:
+        decoded = greedy_search(
+            lambda s, b, n: oracle.stepper(s, b, n), config, np.array([prompt]), extra_len=6
+        )
+        expected.append([int(t) for t in decoded.tokens[0]])
+    model = tr.load(path, framework, device="cpu", dtype="float64")
+    got = model.generate(prompts, max_new_tokens=6)
+    for row, want in zip(got, expected, strict=True):
+        # generate keeps the EOS that ended a row (as transformers does); the search drops it
+        assert row in (want, [*want, config.eos_id])
+    sampled = [
+        tr.load(path, "numpy").generate(prompts[0], max_new_tokens=6, sample=True, seed=s)
+        for s in (1, 1)
+    ]
+    assert sampled[0] == sampled[1]  # the same seed, the same tokens

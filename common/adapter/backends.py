@@ -73,7 +73,11 @@ class TrainableModel(Protocol):
         ...
 
     def train_steps(
-        self, batches: list[tuple[np.ndarray, np.ndarray]], *, warmup: int, factor: float = 1.0
+        self,
+        batches: list[tuple[np.ndarray | None, np.ndarray]],
+        *,
+        warmup: int,
+        factor: float = 1.0,
     ) -> list[float]:
         """One step of the framework's own Adam (0.9, 0.98, 1e-9, eps placed as in
         transformer_rosetta.oracle.training.adam_step) per (src, tgt) batch, at the Noam rate of that step (steps

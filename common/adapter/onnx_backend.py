@@ -14,7 +14,8 @@ parity (docs/PORTING.md, "ONNX").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import onnxruntime as ort
@@ -33,13 +34,50 @@ from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precisio
 from transformer_rosetta.spec.results import ATTENTION_OUTPUTS, ForwardOutput, attention_layers
 
 
-def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> object:
+class OnnxSession(Protocol):
+    """What is used of an onnxruntime.InferenceSession (onnxruntime ships no annotations)."""
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, np.ndarray]
+    ) -> list[np.ndarray]:
+        """The named outputs (all of them for None), in the graph's order."""
+        ...
+
+
+@runtime_checkable
+class OnnxExporter(Protocol):
+    """What the torch backend adds to export its model's graphs (torch_impl/onnx_export.py)."""
+
+    def export_onnx(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        graph: str = "forward",
+        attention: bool = False,
+        max_steps: int | None = None,
+    ) -> object:
+        """The onnx.ModelProto of one graph (transformer_rosetta.spec.names.ONNX_GRAPHS)."""
+        ...
+
+
+def onnx_exporter() -> OnnxExporter:
+    """The torch backend, whose exporter makes every graph this backend runs."""
+    backend = get_backend("torch")
+    if not isinstance(backend, OnnxExporter):
+        raise TypeError(f"backend {backend.name!r} exports no ONNX graph")
+    return backend
+
+
+def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> OnnxSession:
     """An onnxruntime InferenceSession of an onnx.ModelProto (or its bytes, or a file path) on
     `device`; on a GPU, float32 products stay float32 unless `precision` is "tf32"."""
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: the optimiser's notes are not the user's
+    # A provider's name, or its name with its options.
+    providers: list[str | tuple[str, dict[str, str]]]
     if device.startswith("cuda"):
         tf32 = "1" if check_precision(precision) == "tf32" else "0"
         index = device.partition(":")[2] or "0"
@@ -89,15 +127,15 @@ class OnnxModel:
     ) -> None:
         self.config, self.dtype, self.device, self.precision = config, "float32", device, precision
         self.weights = {n: np.asarray(weights[n], np.float32) for n in canonical_shapes(config)}
-        self.sessions: dict[tuple[str, bool, int | None], object] = {}
+        self.sessions: dict[tuple[str, bool, int | None], OnnxSession] = {}
 
     def graph_session(
         self, graph: str, max_steps: int | None = None, *, attention: bool = False
-    ) -> object:
+    ) -> OnnxSession:
         """The session of one exported graph, exported on first use (a few seconds each)."""
         key = (graph, attention, max_steps)
         if key not in self.sessions:
-            exported = get_backend("torch").export_onnx(
+            exported = onnx_exporter().export_onnx(
                 self.config, self.weights, graph=graph, attention=attention, max_steps=max_steps
             )
             self.sessions[key] = session(exported, self.device, self.precision)
@@ -119,6 +157,8 @@ class OnnxModel:
         if hidden_states:
             raise ValueError("hidden_states: the exported graphs output no hidden states")
         src, tgt_in = check_inputs(self.config, src, tgt_in)
+        # build() takes only encoder-decoder models, which check_inputs has given both inputs.
+        assert src is not None and tgt_in is not None
         for name, ids in (("src", src), ("tgt_in", tgt_in)):
             if ids.shape[1] > self.config.max_len:  # sinusoids past max_len: torch only
                 raise InputError(
@@ -127,12 +167,13 @@ class OnnxModel:
                 )
         run = self.graph_session("forward", attention=attention).run
         logits, memory, *maps = run(None, {"src": src, "tgt_in": tgt_in})
-        groups = {}
+        out = ForwardOutput(logits=logits, encoder_output=memory)
         if attention:  # the maps come in ATTENTION_OUTPUTS' order, each group's layers in turn
             for _, field, _ in ATTENTION_OUTPUTS:
                 n = attention_layers(self.config, field)
-                groups[field], maps = maps[:n], maps[n:]
-        return ForwardOutput(logits=logits, encoder_output=memory, **groups)
+                setattr(out, field, maps[:n])
+                maps = maps[n:]
+        return out
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True

@@ -26,13 +26,16 @@ class PrefixStepper:
         self, weights: dict[str, np.ndarray], c: TransformerConfig, src: np.ndarray, beams: int
     ) -> None:
         self.weights, self.config = weights, c
+        # The encoder's side, repeated per beam: src (N, S) and memory (N, S, d), or None for a
+        # decoder-only model.
+        self.src: np.ndarray | None = None
+        self.memory: np.ndarray | None = None
         if c.has_encoder:
             memory, _, _ = reference.encode(weights, c, src)
             self.src = np.repeat(src, beams, axis=0)  # (N, S), row r from source r // beams
             self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
             self.prefix = np.zeros((self.src.shape[0], 0), dtype=np.int64)
         else:
-            self.src = self.memory = None
             self.prefix = prompt_prefix(src, beams)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -42,7 +45,7 @@ class PrefixStepper:
 
     def reorder(self, rows: np.ndarray) -> None:
         self.prefix = self.prefix[rows]
-        if self.memory is not None:
+        if self.memory is not None and self.src is not None:  # both set, or neither (__init__)
             self.memory, self.src = self.memory[rows], self.src[rows]
 
 

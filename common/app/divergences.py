@@ -318,7 +318,10 @@ def _tiny(**changes: Any) -> TransformerConfig:
 
 def _inputs(config: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
     """`rosetta parity`'s default inputs: batch 4, 9 source and 7 target tokens, ragged, seed 0."""
-    return ragged_batch(config, batch=4, src_len=9, tgt_len=7, seed=0)
+    src, tgt_in = ragged_batch(config, batch=4, src_len=9, tgt_len=7, seed=0)
+    # Every divergence runs the tiny preset's encoder-decoder (_tiny), which takes both inputs.
+    assert src is not None and tgt_in is not None
+    return src, tgt_in
 
 
 def _weights(config: TransformerConfig, dtype: str) -> dict[str, np.ndarray]:
@@ -847,6 +850,8 @@ def adam_batches(config: TransformerConfig) -> list[tuple[np.ndarray, np.ndarray
     batches = []
     for seed in range(ADAM_STEPS):
         src, tgt_in = ragged_batch(config, batch=3, src_len=6, tgt_len=5, seed=seed)
+        # The tiny preset's encoder-decoder (as test_training.py's), which takes both inputs.
+        assert src is not None and tgt_in is not None
         tgt = np.concatenate([tgt_in[:, 1:], np.full((3, 1), config.pad_id)], axis=1)
         tgt[0, -1] = config.eos_id
         batches.append((src, tgt))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeGuard, overload
 
 import numpy as np
 
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 # One prompt or source: a text, or token ids.
 Prompt = str | Sequence[int] | np.ndarray
+# What generate returns: text for a text, ids for ids; a list of them for a list of inputs.
+Generated = str | list[int] | list[str] | list[list[int]]
 
 # The numpy oracle computes in float64 (it is the reference); the frameworks default to float32.
 DEFAULT_DTYPES = {"numpy": "float64"}
@@ -118,6 +120,84 @@ class RosettaModel:
 
     # -- the decoders -------------------------------------------------------------------------
 
+    # The overloads give a type checker generate's result from its input; a 2-D array is a list
+    # of rows, which its type cannot tell from a 1-D one.
+    @overload
+    def generate(
+        self,
+        inputs: str,
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> str: ...
+
+    @overload
+    def generate(
+        self,
+        inputs: list[str] | tuple[str, ...],
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> list[str]: ...
+
+    @overload
+    def generate(
+        self,
+        inputs: Sequence[int],
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> list[int]: ...
+
+    @overload
+    def generate(
+        self,
+        inputs: Sequence[Sequence[int] | np.ndarray],
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> list[list[int]]: ...
+
+    @overload
+    def generate(
+        self,
+        inputs: np.ndarray,
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> list[int] | list[list[int]]: ...
+
+    @overload
     def generate(
         self,
         inputs: Prompt | Sequence[Prompt],
@@ -130,7 +210,21 @@ class RosettaModel:
         top_p: float | None = None,
         seed: int = 0,
         cached: bool = True,
-    ) -> Any:
+    ) -> Generated: ...
+
+    def generate(
+        self,
+        inputs: Prompt | Sequence[Prompt],
+        *,
+        max_new_tokens: int = 50,
+        beam: int = 1,
+        sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        cached: bool = True,
+    ) -> Generated:
         """Decode: an encoder-decoder translates each source, a decoder-only model continues
         each prompt. Greedy by default; `beam=K` runs beam search (section 6.1: length penalty
         0.6); `sample=True` draws with a seeded temperature / top-k / top-p (the same tokens in
@@ -163,10 +257,10 @@ class RosettaModel:
                 seed=seed,
                 cached=cached,
             )
-        outputs = [
-            self._text_of(ids) if text else ids for ids, text in zip(new, texts, strict=True)
-        ]
-        return outputs[0] if single else outputs
+        if all(texts):  # texts for texts (the mix was refused above), ids for ids
+            decoded = [self._text_of(ids) for ids in new]
+            return decoded[0] if single else decoded
+        return new[0] if single else new
 
     # -- the encoder-only model -----------------------------------------------------------------
 
@@ -209,7 +303,7 @@ class RosettaModel:
             )
         return self.tokenizer
 
-    def _ids_of(self, item: Prompt, what: str) -> list[int]:
+    def _ids_of(self, item: Prompt | int, what: str) -> list[int]:
         if isinstance(item, str):
             return list(self._need_tokenizer(what).encode(item, add_special_tokens=False).ids)
         ids = np.asarray(item)
@@ -227,12 +321,13 @@ class RosettaModel:
 
         if sample:
             raise InputError("generate: a task model decodes greedily or by beam search")
-        assert self.task is not None
+        assert self.task is not None  # generate calls this only for a model with a task
         return translate(self.built, self.task, texts, beam=beam)
 
     def _translate_ids(
         self, sources: list[list[int]], max_new_tokens: int, beam: int, sample: bool, cached: bool
     ) -> list[list[int]]:
+        from transformer_rosetta.app.trainer import stepper_factory
         from transformer_rosetta.decoding.search import beam_search, greedy_search
 
         if sample:
@@ -241,28 +336,32 @@ class RosettaModel:
         for row, ids in zip(src, sources, strict=True):
             row[: len(ids)] = ids
         bos = np.full((len(sources), 1), self.config.bos_id, dtype=np.int64)
-        src, _ = check_inputs(self.config, src, bos)  # the ids checked as a forward checks them
-
-        def start(s: np.ndarray, beams: int, steps: int) -> Any:
-            return self.built.stepper(s, beams, steps, cached=cached)  # type: ignore[attr-defined]
-
+        checked, _ = check_inputs(self.config, src, bos)  # the ids checked as a forward checks them
+        assert checked is not None  # check_inputs returns the src it was given, validated
+        start = stepper_factory(self.built, cached=cached)
         if beam > 1:
-            decoded = beam_search(start, self.config, src, beam=beam, extra_len=max_new_tokens)
+            decoded = beam_search(start, self.config, checked, beam=beam, extra_len=max_new_tokens)
         else:
-            decoded = greedy_search(start, self.config, src, extra_len=max_new_tokens)
+            decoded = greedy_search(start, self.config, checked, extra_len=max_new_tokens)
         return [[int(t) for t in row] for row in decoded.tokens]
 
 
-def _as_batch(inputs: Prompt | Sequence[Prompt]) -> tuple[bool, list[Prompt]]:
-    """(single, items): one text or one row of ids is a batch of one, and comes back unwrapped."""
+def _as_batch(inputs: Prompt | Sequence[Prompt]) -> tuple[bool, list[Prompt | int]]:
+    """(single, items): one text or one row of ids is a batch of one, and comes back unwrapped.
+    An int among other items stays one (generate refuses it: _ids_of)."""
     if isinstance(inputs, str):
         return True, [inputs]
     if isinstance(inputs, np.ndarray):
         return (True, [inputs]) if inputs.ndim == 1 else (False, list(inputs))
     items = list(inputs)
-    if items and all(isinstance(i, (int, np.integer)) for i in items):
-        return True, [items]  # type: ignore[list-item]
+    if _all_ids(items):
+        return True, [items]
     return False, items
+
+
+def _all_ids(items: list[Prompt | int]) -> TypeGuard[list[int]]:
+    """Whether items is one row of token ids (python or numpy integers), not a list of inputs."""
+    return bool(items) and all(isinstance(i, (int, np.integer)) for i in items)
 
 
 def load(

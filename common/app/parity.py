@@ -134,24 +134,28 @@ class ParityReport:
 
 def batch_size(src: np.ndarray | None, tgt_in: np.ndarray | None) -> int:
     """The rows of whichever input the model takes (a half of the family takes one)."""
-    return int((src if src is not None else tgt_in).shape[0])
+    given = [ids for ids in (src, tgt_in) if ids is not None]
+    if not given:
+        raise InputError("no input ids: every model takes src, tgt_in or both")
+    return int(given[0].shape[0])
 
 
 def describe_inputs(src: np.ndarray | None, tgt_in: np.ndarray | None) -> str:
     """ "4 x (9, 7) tokens"; a half's one input: "4 x 7 target tokens", "4 x 9 source tokens"."""
     rows = batch_size(src, tgt_in)
-    if src is not None and tgt_in is not None:
-        return f"{rows} x ({src.shape[1]}, {tgt_in.shape[1]}) tokens"
-    if src is None:
-        return f"{rows} x {tgt_in.shape[1]} target tokens"
-    return f"{rows} x {src.shape[1]} source tokens"
+    lengths = [ids.shape[1] for ids in (src, tgt_in) if ids is not None]
+    if len(lengths) == 2:
+        return f"{rows} x ({lengths[0]}, {lengths[1]}) tokens"
+    return f"{rows} x {lengths[0]} {'target' if src is None else 'source'} tokens"
 
 
 def fused_outputs(config: TransformerConfig, out: ForwardOutput) -> dict[str, np.ndarray]:
     """What the fused attention path is compared on: the logits of a model with a decoder, the
     encoder output of an encoder-only one (its only full-sequence output; pooling reads it)."""
     if config.has_decoder:
+        assert out.logits is not None  # a model with a decoder returns logits
         return {f"logits{FUSED}": out.logits}
+    assert out.encoder_output is not None  # an encoder-only model returns its encoder output
     return {f"encoder_output{FUSED}": out.encoder_output}
 
 

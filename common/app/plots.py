@@ -4,7 +4,9 @@ from the oracle on a scale of its own (printed on the colour bar)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +14,9 @@ from transformer_rosetta.app.parity import ParityReport
 from transformer_rosetta.files.outputs import atomic_write, make_folder
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.results import ATTENTION_OUTPUTS, attention_layers
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 KINDS = {
     "encoder.layers.{}.self_attention": ("encoder self-attention", "source", "source"),
@@ -102,13 +107,13 @@ def plot_attention(
         fig.colorbar(im, ax=axes[0, :].tolist(), fraction=0.03, label="probability")
         fig.suptitle(f"{title}, layer {layer}, head {head}: every framework against the oracle")
         path = folder / attention_plot_name(key, head)
-        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=110, format="png"))
+        atomic_write(path, functools.partial(fig.savefig, dpi=110, format="png"))
         plt.close(fig)
         written.append(path)
     return written
 
 
-def _ticks(ax: object, xt: list[str], yt: list[str]) -> None:
+def _ticks(ax: Axes, xt: list[str], yt: list[str]) -> None:
     ax.set_xticks(range(len(xt)), xt, fontsize=7)
     ax.set_yticks(range(len(yt)), yt, fontsize=7)
 

@@ -190,6 +190,11 @@ class Task:
         return batch_ids([self.target.encode(t, what="target") for t in texts], eos=True)
 
 
+# One training batch: (src (B, S), tgt (B, T)), src None for a decoder-only model (which reads
+# its whole sequence as the target).
+Batch = tuple[np.ndarray | None, np.ndarray]
+
+
 class TrainStream:
     """An endless stream of training batches (src, tgt) that never contains a test source."""
 
@@ -198,10 +203,10 @@ class TrainStream:
         self.rng = np.random.default_rng(seed)
         self.held_out = {src for src, _ in task.test_pairs()}
 
-    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+    def next_batch(self) -> Batch:
         """(src (B, S), tgt (B, T)): target ids end in EOS, both right-padded."""
         t = self.task
-        pairs = []
+        pairs: list[tuple[str, str]] = []
         while len(pairs) < t.batch_size:
             src, tgt = t.sample(self.rng)
             if src not in self.held_out:
@@ -298,9 +303,14 @@ class LanguageModelStream(TrainStream):
     """Training batches (None, sequence) for a LanguageModelTask: no source, the whole sequence
     as the target (the decoder reads it shifted right behind BOS)."""
 
+    task: LanguageModelTask  # its prompt_ids make each sequence's start
+
+    def __init__(self, task: LanguageModelTask, seed: int) -> None:
+        super().__init__(task, seed)
+
     def next_batch(self) -> tuple[None, np.ndarray]:
         t = self.task
-        rows = []
+        rows: list[list[int]] = []
         while len(rows) < t.batch_size:
             src, tgt = t.sample(self.rng)
             if src not in self.held_out:

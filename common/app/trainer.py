@@ -15,9 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transformer_rosetta.adapter.backends import Model
+from transformer_rosetta.adapter.backends import DecodingModel, Model, TrainableModel
 from transformer_rosetta.app.tasks import Task
-from transformer_rosetta.decoding.search import Decoded, beam_search, greedy_search
+from transformer_rosetta.decoding.search import (
+    Decoded,
+    Stepper,
+    StepperFactory,
+    beam_search,
+    greedy_search,
+)
+from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.weights.init import init_weights
 
@@ -61,6 +68,11 @@ def train(
     The steps go to the model SYNC_EVERY at a time: within a call they queue on the device, and
     only their losses (scalars) come back to the host at its end, so a GPU never waits for the
     host's progress bar. on_step still sees every step, when its call has returned."""
+    if not isinstance(model, TrainableModel):
+        raise InputError(
+            f"train: a {type(model).__name__} has no optimizer (train_steps); build the model in "
+            "torch, tf or jax"
+        )
     stream = task.train_batches(seed)
     result = TrainResult()
     start = time.perf_counter()
@@ -80,9 +92,23 @@ def train(
 def decode(model: Model, src: np.ndarray, *, beam: int = 1) -> Decoded:
     """Greedy (beam 1) or beam search (common/decoding/search.py) with the model's cached stepper.
     For a decoder-only model `src` is the prompt (B, P), and only the new tokens come back."""
+    start = stepper_factory(model)
     if beam == 1:
-        return greedy_search(model.stepper, model.config, src)
-    return beam_search(model.stepper, model.config, src, beam=beam)
+        return greedy_search(start, model.config, src)
+    return beam_search(start, model.config, src, beam=beam)
+
+
+def stepper_factory(model: Model, *, cached: bool = True) -> StepperFactory:
+    """The model's stepper as the searches (common/decoding/search.py) call it: (src, beams,
+    max_steps) -> Stepper, with or without the key/value cache. Every backend's models decode
+    (adapter.backends.DecodingModel); InputError for a model that does not."""
+    if not isinstance(model, DecodingModel):
+        raise InputError(f"decode: a {type(model).__name__} has no stepper to decode with")
+
+    def start(src: np.ndarray, beams: int, max_steps: int) -> Stepper:
+        return model.stepper(src, beams, max_steps, cached=cached)
+
+    return start
 
 
 def translate(model: Model, task: Task, texts: list[str], *, beam: int = 1) -> list[str]:

@@ -115,7 +115,7 @@ def sample_search(
     check_sampling_args(temperature, top_k, top_p)
     check_search_args(1, extra_len)
     limits = row_limits(c, src, extra_len)
-    rows = src.shape[0]
+    rows = int(src.shape[0])  # an int, so that rng.random(rows) is typed as an array
     rng = np.random.default_rng(seed)
     stepper = start(src, 1, int(limits.max()))
     tokens = start_tokens(c, src, 1)

@@ -140,7 +140,8 @@ def check_output_file(
     them may be the destination, even with --force."""
     if not os.fspath(path):
         raise OutputError(f"{what}: the file name is empty")
-    inputs = [source for source in inputs if source]  # read twice below; "" is no file
+    # Read twice below; None and "" are no file.
+    given: list[str | os.PathLike] = [source for source in inputs if source]
     path = Path(path)
     if suffix is not None and not path.name.endswith(suffix):
         raise OutputError(f"{what}: {shown(path)} should end in {suffix}")
@@ -155,13 +156,13 @@ def check_output_file(
             )
         if not force:
             raise OutputError(f"{what}: {shown(path)} exists; pass --force to overwrite it")
-        for source in inputs:
+        for source in given:
             if _same_file(path, Path(source)):
                 raise OutputError(
                     f"{what}: {shown(path)} is also an input of this command; refusing to "
                     "overwrite what it reads (--force does not apply)"
                 )
-    refuse_inside_an_input(path, inputs, what)
+    refuse_inside_an_input(path, given, what)
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     probe_folder(target.parent if str(target.parent) else Path("."), what, target.name)
     if st is None:

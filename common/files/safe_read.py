@@ -20,7 +20,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 
@@ -186,14 +186,16 @@ def regular_file(path: str | os.PathLike, what: str) -> Path:
 
 def os_problem(exc: OSError) -> str:
     """One short phrase for an OSError from stat or open: what happened, not errno's jargon."""
-    return {
+    # errno is None for an OSError raised without one: that gets the generic phrase.
+    phrases: dict[int | None, str] = {
         errno.ELOOP: "a loop of symbolic links",
         errno.EACCES: "permission denied",
         errno.EPERM: "permission denied",
         errno.ENOTDIR: "no such file (a part of the path is not a folder)",
         errno.ENAMETOOLONG: "the file name is too long",
         errno.EISDIR: "is a folder",
-    }.get(exc.errno, f"cannot be read ({exc.strerror or type(exc).__name__})")
+    }
+    return phrases.get(exc.errno, f"cannot be read ({exc.strerror or type(exc).__name__})")
 
 
 def read_bytes(path: str | os.PathLike, what: str, max_bytes: int) -> bytes:
@@ -263,10 +265,18 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     silently, and two readers of the same file could disagree on what it says."""
     obj = dict(pairs)
     if len(obj) < len(pairs):
-        seen: set[str] = set()
-        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise _JsonRefused(f"the key {brief(repeated)} appears more than once")
+        raise _JsonRefused(f"the key {brief(_first_repeated(pairs))} appears more than once")
     return obj
+
+
+def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
+    """The first key of `pairs` met a second time (the caller knows some key repeats)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise ValueError("no key repeats")
 
 
 def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -369,27 +379,28 @@ def ids_header_problem(shape: tuple[int, ...], dtype: np.dtype) -> str | None:
     return None
 
 
-def _read_ids(f: IO[bytes], available: int | None) -> tuple[np.ndarray | None, str | None]:
-    """(array, None) or (None, problem) for the .npy at `f`; `available` is the byte count of
-    the whole .npy when known, to refuse a cut-short file before reading it."""
+def _read_ids(f: IO[bytes], available: int | None) -> np.ndarray:
+    """The array of the .npy at `f`, or FileProblem (no path) saying what is wrong with it;
+    `available` is the byte count of the whole .npy when known, to refuse a cut-short file
+    before reading it."""
     shape, fortran, dtype = npy_header(f)
     problem = ids_header_problem(shape, dtype)
     if problem:
-        return None, problem
+        raise FileProblem(problem)
     nbytes = math.prod(shape) * dtype.itemsize
     if available is not None:
         data_bytes = available - _position(f)
         if data_bytes < nbytes:
-            return None, (
+            raise FileProblem(
                 f"it is truncated: its header describes {nbytes} bytes of data, it has "
                 f"{max(data_bytes, 0)}"
             )
     data = f.read(nbytes)
     if len(data) < nbytes:
-        return None, f"it is truncated: its header describes {nbytes} bytes of data"
+        raise FileProblem(f"it is truncated: its header describes {nbytes} bytes of data")
     array = np.frombuffer(data, dtype=dtype, count=math.prod(shape))
-    order = "F" if fortran else "C"
-    return array.reshape(shape, order=order).copy(order="C"), None
+    order: Literal["C", "F"] = "F" if fortran else "C"
+    return array.reshape(shape, order=order).copy(order="C")
 
 
 def _position(f: IO[bytes]) -> int:
@@ -408,14 +419,12 @@ def read_ids(path: str | os.PathLike, name: str) -> np.ndarray:
     _ids_file(path, name, "a .npy file")
     try:
         with open(path, "rb") as f:
-            array, problem = _read_ids(f, os.fstat(f.fileno()).st_size)
+            return _read_ids(f, os.fstat(f.fileno()).st_size)
     except FileProblem as exc:
-        array, problem = None, exc.problem
+        problem = exc.problem
     except OSError as exc:
-        array, problem = None, os_problem(exc)
-    if problem:
-        raise InputError(f"{name}: {shown(path)} is not a readable .npy array ({problem})")
-    return array
+        problem = os_problem(exc)
+    raise InputError(f"{name}: {shown(path)} is not a readable .npy array ({problem})")
 
 
 def _ids_file(path: str | os.PathLike, name: str, what: str) -> None:
@@ -461,12 +470,9 @@ def read_ids_npz(
                 info = members.get(f"{key}.npy") or members[key]
                 with archive.open(info) as member:
                     try:
-                        array, problem = _read_ids(member, info.file_size)
+                        arrays.append(_read_ids(member, info.file_size))
                     except FileProblem as exc:
-                        array, problem = None, exc.problem
-                if problem:
-                    raise refuse(f"{key}: {problem}")
-                arrays.append(array)
+                        raise refuse(f"{key}: {exc.problem}") from None
             return tuple(arrays)
     except InputError:
         raise

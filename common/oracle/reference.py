@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 from scipy.special import erf
 
+from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.masks import decoder_self_mask, key_padding_mask
 from transformer_rosetta.spec.names import embedding_names
@@ -215,8 +216,9 @@ def encode(
     Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
     output and each layer's output, before the final norm)."""
     mask = key_padding_mask(src, c.pad_id)
-    x = embed(w, "encoder", embedding_names(c)["source"], src, c)
-    attentions, hidden = [], [x]
+    x = embed(w, "encoder", _table(c, "source"), src, c)
+    attentions: list[np.ndarray] = []
+    hidden = [x]
     for i in range(c.num_encoder_layers):
         p = f"encoder.layers.{i}"
         y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
@@ -246,8 +248,14 @@ def decode(
     A decoder-only model (memory and src None) has no cross-attention sublayer: GPT's layer.
     Returns (output (B, T, d), self probs, cross probs, hidden states)."""
     self_mask = decoder_self_mask(tgt_in, c.pad_id)
-    x = embed(w, "decoder", embedding_names(c)["target"], tgt_in, c)
-    self_attn, cross_attn, hidden = [], [], [x]
+    # The encoder output with its key mask (the padding of the src it encodes), or None.
+    cross = None
+    if memory is not None:
+        cross = memory, key_padding_mask(_given(src, "src", "encoder"), c.pad_id)
+    x = embed(w, "decoder", _table(c, "target"), tgt_in, c)
+    self_attn: list[np.ndarray] = []
+    cross_attn: list[np.ndarray] = []
+    hidden = [x]
     for i in range(c.num_decoder_layers):
         p = f"decoder.layers.{i}"
         y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
@@ -256,15 +264,10 @@ def decode(
         )
         x = residual(w, f"{p}.self_attention_norm", x, out, c)
 
-        if memory is not None:
+        if cross is not None:
             y = sublayer_input(w, f"{p}.cross_attention_norm", x, c)
             out, c_probs = multi_head_attention(
-                w,
-                f"{p}.cross_attention",
-                y,
-                memory,
-                key_padding_mask(src, c.pad_id),
-                c.attention_bias,
+                w, f"{p}.cross_attention", y, *cross, c.attention_bias
             )
             x = residual(w, f"{p}.cross_attention_norm", x, out, c)
             cross_attn.append(c_probs)
@@ -282,7 +285,7 @@ def decode(
 
 def output_logits(w: Weights, c: TransformerConfig, y: np.ndarray) -> np.ndarray:
     """Section 3.4: the pre-softmax linear transformation, y W_out (+ b). Tied: W_out = E^T."""
-    name = embedding_names(c)["output"]
+    name = _table(c, "output")
     kernel = w[name].T if c.tie_output else w[name]
     logits = dense(y, kernel)
     if c.output_bias:
@@ -307,13 +310,22 @@ def forward(
     encoder-only one src alone (and returns no logits, and the pooled vector if it pools).
     """
     w = {name: np.asarray(t, dtype=np.float64) for name, t in weights.items()}
-    memory, enc_attn, enc_hidden, pooled = None, [], [], None
+    memory: np.ndarray | None = None
+    pooled: np.ndarray | None = None
+    enc_attn: list[np.ndarray] = []
+    enc_hidden: list[np.ndarray] = []
     if c.has_encoder:
+        src = _given(src, "src", "encoder")
         memory, enc_attn, enc_hidden = encode(w, c, src)
         pooled = pool(c, memory, src)
-    logits, self_attn, cross_attn, dec_hidden = None, [], [], []
+    logits: np.ndarray | None = None
+    self_attn: list[np.ndarray] = []
+    cross_attn: list[np.ndarray] = []
+    dec_hidden: list[np.ndarray] = []
     if c.has_decoder:
-        y, self_attn, cross_attn, dec_hidden = decode(w, c, tgt_in, memory, src)
+        y, self_attn, cross_attn, dec_hidden = decode(
+            w, c, _given(tgt_in, "tgt", "decoder"), memory, src
+        )
         logits = output_logits(w, c, y)
     return ForwardOutput(
         logits=logits,
@@ -325,3 +337,22 @@ def forward(
         decoder_hidden_states=dec_hidden if hidden_states else None,
         pooled_output=pooled,
     )
+
+
+def _given(ids: np.ndarray | None, name: str, stack: str) -> np.ndarray:
+    """`ids`, which the model's `stack` reads; None is an InputError worded as check_halves
+    words it (transformer_rosetta.spec.inputs), not a TypeError from deep in the embedding."""
+    if ids is None:
+        raise InputError(
+            f"{name}: the model has a{'n' * (stack == 'encoder')} {stack}; give {name}"
+        )
+    return ids
+
+
+def _table(c: TransformerConfig, role: str) -> str:
+    """The stored tensor of the vocabulary matrix `role` (embedding_names); only the stack that
+    reads it asks, so a model without that stack (where the name is None) is a caller's bug."""
+    name = embedding_names(c)[role]
+    if name is None:
+        raise ValueError(f"{c.a_model_of_its_kind} has no {role} embedding")
+    return name

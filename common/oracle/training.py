@@ -13,6 +13,7 @@ import numpy as np
 
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.inputs import check_trainable
 from transformer_rosetta.spec.masks import shift_right
 
 ADAM_BETAS = (0.9, 0.98)
@@ -57,8 +58,11 @@ def oracle_loss(
 ) -> tuple[float, float, int]:
     """The float64 loss of the eval-mode model (no dropout) on (src, tgt): the decoder reads the
     target shifted right behind BOS and predicts the target itself."""
+    check_trainable(c)  # an encoder-only model returns no logits: nothing predicts tgt
     tgt_in = shift_right(tgt, c.bos_id)
     logits = reference.forward(weights, c, src, tgt_in).logits
+    # check_trainable let only a model with a decoder through, and that returns logits.
+    assert logits is not None
     return label_smoothed_loss(logits, tgt, c.pad_id, c.label_smoothing)
 
 

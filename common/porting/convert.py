@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from transformer_rosetta.porting.verify import (
     Provenance,
     VerificationFailed,
     difference_text,
+    native_backend,
     package_version,
     sha256_of,
     why_not_runnable,
@@ -77,6 +78,22 @@ SUFFIXES = {
 
 class ConvertError(RosettaError):
     """A conversion that cannot be done as asked (kind, config, destination)."""
+
+
+@runtime_checkable
+class TensorReader(Protocol):
+    """What the torch backend adds to read any .pt/.bin state_dict (an outside model's), so
+    that this module imports no framework itself."""
+
+    def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]: ...
+
+
+def tensor_reader() -> TensorReader:
+    """The torch backend, the reader of other models' .pt/.bin checkpoints."""
+    backend = get_backend("torch")
+    if not isinstance(backend, TensorReader):
+        raise TypeError(f"backend {backend.name!r} reads no outside .pt/.bin checkpoint")
+    return backend
 
 
 @dataclass(frozen=True)
@@ -150,7 +167,7 @@ def infer_source_kind(path: Path) -> str:
     if kind in EXPORT_ONLY_KINDS:
         raise ConvertError(f"{path}: {kind} is written, not read; convert from the weights")
     if kind == "torch":
-        names = get_backend("torch").read_tensors(path)
+        names = tensor_reader().read_tensors(path)
         return _outside_kind(names, ORIGINS_PT) or kind
     if kind == "keras":
         from transformer_rosetta.porting.sources import read_source_tensors
@@ -229,12 +246,12 @@ def read_source(
     if kind == "bert":
         from transformer_rosetta.porting.bert import import_bert
 
-        found = import_bert(path)
-        if config is not None and config != found.config:
+        bert = import_bert(path)
+        if config is not None and config != bert.config:
             raise ConvertError("--config does not apply to a BERT folder: its config.json is read")
         if notes is not None:
-            notes.extend(found.notes)
-        return found.config, found.tensors
+            notes.extend(bert.notes)
+        return bert.config, bert.tensors
     if config is None:
         what = {"nn-transformer": "a torch.nn.Transformer state_dict"}.get(
             kind, f"a {kind} checkpoint"
@@ -246,8 +263,8 @@ def read_source(
     if kind == "nn-transformer":
         from transformer_rosetta.porting.nn_transformer import nn_transformer_to_canonical
 
-        return config, nn_transformer_to_canonical(get_backend("torch").read_tensors(path), config)
-    return config, get_backend(NATIVE_KINDS[kind]).load_native(path, config)
+        return config, nn_transformer_to_canonical(tensor_reader().read_tensors(path), config)
+    return config, native_backend(kind).load_native(path, config)
 
 
 def _read_gpt2_folder(
@@ -312,7 +329,7 @@ def write_destination(
     if kind == "rosetta":
         save_weights(path, tensors, config, producer=producer)
     elif kind in NATIVE_KINDS:
-        get_backend(NATIVE_KINDS[kind]).save_native(path, config, tensors)
+        native_backend(kind).save_native(path, config, tensors)
     elif kind == "marian":
         from transformer_rosetta.porting.marian import write_marian_dir
 

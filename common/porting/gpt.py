@@ -33,6 +33,7 @@ are `needs` (docs/PORTING.md, "Decoder-only models", says how to choose them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Mapping
@@ -528,7 +529,7 @@ def sharded_sha256(folder: Path) -> str | None:
             digest = hashlib.sha256()
             for path in (folder / index, *(folder / s for s in shards)):
                 with open(path, "rb") as f:
-                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    for chunk in iter(functools.partial(f.read, 1 << 20), b""):
                         digest.update(chunk)
             return digest.hexdigest()
     return None

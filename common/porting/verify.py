@@ -23,13 +23,20 @@ import importlib.metadata
 import importlib.util
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
-from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, get_backend, unavailable_reason
+from transformer_rosetta.adapter.backends import (
+    NATIVE_BACKENDS,
+    Backend,
+    NativeCheckpoints,
+    get_backend,
+    unavailable_reason,
+)
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import dtype_name
@@ -47,6 +54,57 @@ Logits = Callable[[np.ndarray | None, np.ndarray | None], np.ndarray]
 
 class VerificationFailed(Exception):
     """The written model's logits miss the bound; the CLI exits 1 after removing it."""
+
+
+class VerifyRecord(TypedDict, total=False):
+    """provenance["verify"]: verify()'s record, or {"not_run": why} where none ran."""
+
+    passed: bool
+    max_abs_logit_diff: float  # a model with a decoder: its logits are compared
+    max_abs_output_diff: float  # an encoder-only model: the outputs `compared` names
+    compared: str
+    bound: float
+    sides: list[str]  # the two runners' labels, source first
+    probe_seed: int
+    probe_shapes: list[list[int | None]]  # [rows, src length, tgt length] per probe
+    probe_rows: str
+    versions: dict[str, str]
+    not_run: str
+
+
+@runtime_checkable
+class NativeBackend(Backend, NativeCheckpoints, Protocol):
+    """A backend that also reads and writes its framework's own checkpoint (torch, tf, jax)."""
+
+
+@runtime_checkable
+class TransformersRunner(Protocol):
+    """What the torch backend adds to run transformers' own models on our probes (a Marian or
+    BERT folder's side of a verification); common/ imports no framework itself."""
+
+    def load_marian(self, folder: str | Path) -> object: ...
+
+    def marian_logits(self, model: object, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray: ...
+
+    def load_bert(self, folder: str | Path) -> object: ...
+
+    def bert_hidden_states(self, model: object, src: np.ndarray, pad_id: int) -> np.ndarray: ...
+
+
+def native_backend(kind: str) -> NativeBackend:
+    """The backend whose native checkpoint `kind` (a NATIVE_BACKENDS key) is."""
+    backend = get_backend(NATIVE_BACKENDS[kind])
+    if not isinstance(backend, NativeBackend):
+        raise TypeError(f"backend {backend.name!r} reads and writes no native checkpoint")
+    return backend
+
+
+def transformers_runner() -> TransformersRunner:
+    """The torch backend, which runs transformers' models (MarianMTModel, BertModel)."""
+    backend = get_backend("torch")
+    if not isinstance(backend, TransformersRunner):
+        raise TypeError(f"backend {backend.name!r} runs no transformers model")
+    return backend
 
 
 @dataclass(frozen=True)
@@ -67,7 +125,7 @@ class Provenance:
     source_sha256: str
     converter: str
     versions: dict[str, str] = field(default_factory=dict)
-    verify: dict[str, object] = field(default_factory=dict)
+    verify: VerifyRecord = field(default_factory=VerifyRecord)
     notes: list[str] = field(default_factory=list)  # what the importer dropped or decided
 
     @property
@@ -146,7 +204,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             {"numpy": np.__version__},
         )
     if kind in NATIVE_BACKENDS:
-        backend = get_backend(NATIVE_BACKENDS[kind])
+        backend = native_backend(kind)
         tensors = backend.load_native(path, config)
         dtype = dtype_name(next(iter(tensors.values())).dtype)
         dtype = dtype if dtype in backend.dtypes else "float32"
@@ -159,23 +217,31 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             dict(re.findall(r"([a-z_]+) ([0-9][^\s,/()]*)", framework)),
         )
     if kind == "marian":
-        torch_backend = get_backend("torch")
-        model = torch_backend.load_marian(path)
+        torch_backend = transformers_runner()
+        marian = torch_backend.load_marian(path)
         version = package_version("transformers")
+
+        def marian_logits(src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
+            # A Marian model is an encoder-decoder: the probes give it both inputs.
+            assert src is not None and tgt is not None
+            return torch_backend.marian_logits(marian, src, tgt)
+
         return Runner(
             f"transformers {version} MarianMTModel (float32)",
             "float32",
-            lambda src, tgt: torch_backend.marian_logits(model, src, tgt),
+            marian_logits,
             {"transformers": version, "torch": package_version("torch")},
             full_rows_only=True,
         )
     if kind == "bert":
-        torch_backend = get_backend("torch")
-        model = torch_backend.load_bert(path)
+        torch_backend = transformers_runner()
+        bert = torch_backend.load_bert(path)
         version = package_version("transformers")
 
-        def bert_outputs(src: np.ndarray, _tgt: None) -> np.ndarray:
-            hidden = torch_backend.bert_hidden_states(model, src, config.pad_id)
+        def bert_outputs(src: np.ndarray | None, _tgt: np.ndarray | None) -> np.ndarray:
+            # BERT is encoder-only: the probes give it src (and tgt None).
+            assert src is not None
+            hidden = torch_backend.bert_hidden_states(bert, src, config.pad_id)
             # The pooled vector by the spec's own formula: BertModel has none of its own.
             pooled = reference.pool(config, hidden, src)
             return compared(ForwardOutput(None, hidden, pooled_output=pooled))
@@ -192,10 +258,16 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
 
         run = session(str(path)).run
         version = package_version("onnxruntime")
+
+        def onnx_logits(src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
+            # ONNX export covers the encoder-decoder only: the probes give it both inputs.
+            assert src is not None and tgt is not None
+            return run(["logits"], {"src": src, "tgt_in": tgt})[0]
+
         return Runner(
             f"onnxruntime {version} (float32)",
             "float32",
-            lambda src, tgt: run(["logits"], {"src": src, "tgt_in": tgt})[0],
+            onnx_logits,
             {"onnxruntime": version},
         )
     raise ValueError(f"no runner for {kind!r}")
@@ -206,6 +278,8 @@ def compared(out: ForwardOutput) -> np.ndarray:
     pooled vector when it pools (flattened and joined: one largest difference over both)."""
     if out.logits is not None:
         return out.logits
+    # No logits: an encoder-only model, whose output is its encoder's.
+    assert out.encoder_output is not None
     parts = [out.encoder_output] + ([] if out.pooled_output is None else [out.pooled_output])
     return np.concatenate([np.ravel(p) for p in parts])
 
@@ -217,7 +291,7 @@ def compared_names(config: TransformerConfig) -> str:
     return "encoder_output" + (", pooled_output" if config.pooling != "none" else "")
 
 
-def difference_text(record: dict[str, object]) -> str | None:
+def difference_text(record: Mapping[str, object]) -> str | None:
     """'max |logit difference| 1.3e-15' from a verification record, or None without one."""
     if "max_abs_logit_diff" in record:
         return f"max |logit difference| {record['max_abs_logit_diff']:.2g}"
@@ -244,27 +318,29 @@ def probes(
 
 def verify(
     config: TransformerConfig, source: tuple[str, Path], destination: tuple[str, Path]
-) -> dict[str, object]:
+) -> VerifyRecord:
     """Run both sides on the probes; the record stored under provenance["verify"]."""
     left = runner(source[0], source[1], config)
     right = runner(destination[0], destination[1], config)
     bound = max(atol_for(left.dtype, config), atol_for(right.dtype, config))
     full_rows_only = left.full_rows_only or right.full_rows_only
     worst = 0.0
-    shapes = []
+    shapes: list[list[int | None]] = []
     for src, tgt in probes(config, full_rows_only):
         diff = np.abs(np.asarray(left.logits(src, tgt), np.float64) - right.logits(src, tgt))
         worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
-        rows = (src if src is not None else tgt).shape[0]
-        shapes.append([rows, *(None if a is None else a.shape[1] for a in (src, tgt))])
-    gap = (
-        {"max_abs_logit_diff": worst}
-        if config.has_decoder
-        else {"max_abs_output_diff": worst, "compared": compared_names(config)}
-    )
+        given = src if src is not None else tgt
+        # Every model has a stack, and ragged_batch gives each stack's input.
+        assert given is not None
+        shapes.append([given.shape[0], *(None if a is None else a.shape[1] for a in (src, tgt))])
+    record = VerifyRecord(passed=bool(worst <= bound))
+    if config.has_decoder:
+        record["max_abs_logit_diff"] = worst
+    else:
+        record["max_abs_output_diff"] = worst
+        record["compared"] = compared_names(config)
     return {
-        "passed": bool(worst <= bound),
-        **gap,
+        **record,
         "bound": bound,
         "sides": [left.label, right.label],
         "probe_seed": PROBE_SEED,

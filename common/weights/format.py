@@ -215,7 +215,8 @@ def header_problems(header: dict, data_bytes: int) -> list[str]:
     if problems:
         return problems
     # safetensors requires the tensors to tile the data: no overlap, no gap, nothing after.
-    tiling, end, last = [], 0, None
+    tiling: list[str] = []
+    end, last = 0, None  # the furthest end so far, and the tensor that reaches it
     for begin, stop, name in sorted(spans):
         if begin > end:
             where = f"after tensor {shown(last)}" if last is not None else "at the start"
@@ -223,6 +224,8 @@ def header_problems(header: dict, data_bytes: int) -> list[str]:
                 f"corrupt safetensors header: {begin - end} bytes {where} belong to no tensor"
             )
         elif begin < end:
+            # end > 0 here, and end only grows past 0 together with `last` being set.
+            assert last is not None
             tiling.append(
                 f"corrupt safetensors header: tensors {shown(last)} and {shown(name)} overlap"
             )
@@ -246,7 +249,10 @@ def weight_file_path(path: str | Path, what: str) -> Path:
     try:
         return regular_file(path, what)
     except FileProblem as exc:
-        raise WeightFileError(exc.path, [exc.problem]) from None
+        # regular_file names the path in every FileProblem it raises; shown(path) is a fallback.
+        raise WeightFileError(
+            exc.path if exc.path is not None else shown(path), [exc.problem]
+        ) from None
 
 
 def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:

@@ -119,7 +119,7 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
     config, weights = initial_weights(task, args.seed)
     model = build(args.framework, config, weights, "float32", args.device)
     others = [f for f in TRAINABLE if f != args.framework]
-    skipped = {f: unavailable_reason(f) for f in others if unavailable_reason(f)}
+    skipped = {f: reason for f in others if (reason := unavailable_reason(f))}
     from transformer_rosetta.app.parity import resolve_devices
 
     devices: dict[str, str] = {}
@@ -259,7 +259,11 @@ def float32_logit_gap(
     model's attention scores reach ~240, where one float32 ulp is 1.5e-5, so two frameworks'
     float32 attention probabilities legitimately differ by ~1e-5 (docs/PARITY.md, "Decoding").
     The float32 gap is reported with its scale instead of judged against an untrained bound."""
-    logits = [m.forward(src, tgt_in).logits for m in models.values()]
+    logits = []
+    for model in models.values():
+        out = model.forward(src, tgt_in)
+        assert out.logits is not None  # the demo's model is an encoder-decoder (check_demo)
+        logits.append(out.logits)
     gap = max(
         (float(np.abs(a - b).max()) for i, a in enumerate(logits) for b in logits[i + 1 :]),
         default=0.0,
@@ -277,6 +281,8 @@ def plot_example_attention(args: argparse.Namespace, plan: DemoPlan) -> Path:
     ex_out = translate(plan.model, task, [args.example])[0]
     ex_tgt_in = shift_right(task.target_ids([ex_out]), config.bos_id)
     out = plan.model.forward(ex_src, ex_tgt_in, attention=True)
+    # The demo's model is an encoder-decoder (check_demo), asked for its attention maps.
+    assert out.cross_attention is not None
     probs = out.cross_attention[config.num_decoder_layers - 1][0]  # (h, T, S)
     return plot_cross_attention(
         probs,

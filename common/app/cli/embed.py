@@ -71,6 +71,8 @@ def run_embed_command(args: argparse.Namespace) -> int:
             ]
         )
     else:
+        # Without --ids the texts were read, and a file without a tokenizer refused, above.
+        assert tokenizer is not None and texts is not None
         embeddings = embed_texts(model, tokenizer, texts, batch_size=args.batch_size)
     if out_path is not None:
         write_npy(out_path, embeddings)

@@ -34,8 +34,9 @@ def run_forward_command(args: argparse.Namespace) -> int:
     )
     config, weights, _ = config_and_weights(args, default_preset=None)
     src, tgt_in = check_inputs(config, *forward_inputs(args, config))
-    lengths = (0 if ids is None else ids.shape[1] for ids in (src, tgt_in))  # 0: no such input
-    check_forward_fits(config, batch_size(src, tgt_in), *lengths, 1, "this forward pass")
+    # 0 for the input a half of the family does not take
+    src_len, tgt_len = (0 if ids is None else ids.shape[1] for ids in (src, tgt_in))
+    check_forward_fits(config, batch_size(src, tgt_in), src_len, tgt_len, 1, "this forward pass")
     backend = get_backend(args.framework)
     args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
     if args.dtype not in backend.dtypes:
@@ -50,7 +51,9 @@ def run_forward_command(args: argparse.Namespace) -> int:
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            # allow_pickle named, so that no array's name can take its place: the arrays are
+            # numeric, which np.savez writes the same either way.
+            np.savez(f, allow_pickle=False, **arrays)
 
     atomic_write(out_path, write, size=sum(a.nbytes for a in arrays.values()))
     summary = {

@@ -79,14 +79,14 @@ def run_generate_command(args: argparse.Namespace) -> int:
     texts = prompt_texts(args)
     config, weights, _ = config_and_weights(args, default_preset=None)
     tokenizer = read_tokenizer(args.weights)
-    if texts is not None and tokenizer is None:
+    if texts is None:
+        prompts = list(args.ids)
+    elif tokenizer is None:
         source = "--text" if args.text else "standard input"
         raise UsageError(
             f"{source}: {shown(args.weights)} carries no tokenizer; give --ids, or convert the "
             "model from its folder (with its tokenizer.json) so that the tokenizer travels with it"
         )
-    if texts is None:
-        prompts = list(args.ids)
     else:
         prompts = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     strategy = "sample" if args.sample else ("beam" if args.beam else "greedy")
