@@ -11,7 +11,7 @@ transformer_rosetta.weights.tokenizer) or, for a model `rosetta train` wrote, it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard, overload
@@ -364,6 +364,45 @@ def _all_ids(items: list[Prompt | int]) -> TypeGuard[list[int]]:
     return bool(items) and all(isinstance(i, (int, np.integer)) for i in items)
 
 
+def resolve_device(framework: str, request: str, *, prefix: str = "") -> str:
+    """The one device of `framework` that a device request names (auto, cpu, gpu, cuda:N, gpu:N,
+    mps: transformer_rosetta.app.parity.resolve_devices); an InputError in one line, naming the
+    devices it does see, before any work. `prefix` is "--" when the request came as an option."""
+    if request == "all":
+        raise InputError(f"{prefix}device all runs every device only in `rosetta parity`; name one")
+    seen = get_backend(framework).devices()
+    found = resolve_devices(framework, seen, request)
+    if not found:
+        raise InputError(
+            f"{prefix}device {request}: {framework} sees no such device (it sees {', '.join(seen)})"
+        )
+    return found[0]
+
+
+def build_model(
+    framework: str,
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    *,
+    dtype: str | None = None,
+    device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
+    prefix: str = "",
+) -> Model:
+    """`weights` in one framework: in `dtype` (default: float64 for the oracle, float32 for the
+    frameworks), on the device the request names. Every check (the dtype, the device) comes
+    before the build; each refusal is one line."""
+    backend = get_backend(framework)
+    dtype = dtype or DEFAULT_DTYPES.get(framework, "float32")
+    if dtype not in backend.dtypes:
+        raise InputError(
+            f"{prefix}dtype: {framework} does not compute in {dtype}; it offers "
+            f"{', '.join(backend.dtypes)}"
+        )
+    chosen = resolve_device(framework, device, prefix=prefix)
+    return backend.build(config, weights, dtype=dtype, device=chosen, precision=precision)
+
+
 def load(
     path: str | Path,
     framework: str = "torch",
@@ -383,19 +422,9 @@ def load(
         raise RosettaError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
     wf = load_weights(path)
     check_finite(path, wf.tensors, allow_nonfinite)
-    backend = get_backend(framework)
-    dtype = dtype or DEFAULT_DTYPES.get(framework, "float32")
-    if dtype not in backend.dtypes:
-        raise RosettaError(
-            f"{framework} does not compute in {dtype}; it offers {', '.join(backend.dtypes)}"
-        )
-    seen = backend.devices()
-    found = resolve_devices(framework, seen, device) if device != "all" else []
-    if not found:
-        raise RosettaError(
-            f"device {device!r}: {framework} sees no such device (it sees {', '.join(seen)})"
-        )
-    built = backend.build(wf.config, wf.tensors, dtype=dtype, device=found[0], precision=precision)
+    built = build_model(
+        framework, wf.config, wf.tensors, dtype=dtype, device=device, precision=precision
+    )
     return RosettaModel(
         config=wf.config,
         framework=framework,

@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -19,11 +19,12 @@ import numpy as np  # noqa: E402
 from transformer_rosetta.adapter.backends import (  # noqa: E402
     FRAMEWORKS,
     RUNTIMES,
+    Model,
     get_backend,
     unavailable_reason,
 )
 from transformer_rosetta.app.resources import check_fits, weights_bytes  # noqa: E402
-from transformer_rosetta.errors import RosettaError  # noqa: E402
+from transformer_rosetta.errors import InputError, RosettaError  # noqa: E402
 from transformer_rosetta.files.outputs import shown  # noqa: E402
 from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
 from transformer_rosetta.spec.inputs import INPUT_STACKS  # noqa: E402
@@ -247,19 +248,35 @@ def add_device_argument(p: argparse.ArgumentParser, *, every: bool = False) -> N
 
 
 def device_for(framework: str, request: str) -> str:
-    """The one device of `framework` that `request` names; a one-line UsageError, before any
-    work, when the framework does not see it."""
-    from transformer_rosetta.app.parity import resolve_devices
+    """The one device of `framework` that a --device request names; a one-line UsageError,
+    before any work, when the framework does not see it (transformer_rosetta.app.model)."""
+    from transformer_rosetta.app.model import resolve_device
 
-    if request == "all":
-        raise UsageError("--device all runs every device only in `rosetta parity`; name one")
-    seen = get_backend(framework).devices()
-    found = resolve_devices(framework, seen, request)
-    if not found:
-        raise UsageError(
-            f"--device {request}: {framework} sees no such device (it sees {', '.join(seen)})"
+    try:
+        return resolve_device(framework, request, prefix="--")
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_for(
+    args: argparse.Namespace, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+) -> Model:
+    """The model a command's --framework, --dtype, --device and --precision name (each checked
+    before the build, one-line UsageError): transformer_rosetta.app.model.build_model."""
+    from transformer_rosetta.app.model import build_model
+
+    try:
+        return build_model(
+            args.framework,
+            config,
+            weights,
+            dtype=getattr(args, "dtype", None),
+            device=getattr(args, "device", "auto"),
+            precision=getattr(args, "precision", DEFAULT_PRECISION),
+            prefix="--",
         )
-    return found[0]
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 PRECISION_HELP = (

@@ -18,8 +18,8 @@ from transformer_rosetta.app.cli.args import (
     UsageError,
     add_device_argument,
     add_precision_argument,
+    build_for,
     config_and_weights,
-    device_for,
     load_ids,
     positive_int,
 )
@@ -53,16 +53,9 @@ def run_embed_command(args: argparse.Namespace) -> int:
         )
     ids = load_ids(args.ids, "--ids") if args.ids is not None else None
     texts = None if ids is not None else read_texts(args.texts)
-    backend = get_backend(args.framework)
-    args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
-    if args.dtype not in backend.dtypes:
-        raise UsageError(
-            f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
-        )
-    device = device_for(args.framework, args.device)
-    model = backend.build(
-        config, weights, dtype=args.dtype, device=device, precision=args.precision
-    )
+    model = build_for(args, config, weights)
+    backend, device = get_backend(args.framework), model.device
+    args.dtype = model.dtype
     if ids is not None:
         embeddings = np.concatenate(
             [

@@ -16,8 +16,8 @@ from transformer_rosetta.app.cli.args import (
     UsageError,
     add_device_argument,
     add_precision_argument,
+    build_for,
     config_and_weights,
-    device_for,
     load_ids,
     refuse_absent_half,
 )
@@ -37,16 +37,9 @@ def run_forward_command(args: argparse.Namespace) -> int:
     # 0 for the input a half of the family does not take
     src_len, tgt_len = (0 if ids is None else ids.shape[1] for ids in (src, tgt_in))
     check_forward_fits(config, batch_size(src, tgt_in), src_len, tgt_len, 1, "this forward pass")
-    backend = get_backend(args.framework)
-    args.dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
-    if args.dtype not in backend.dtypes:
-        raise UsageError(
-            f"{args.framework} does not compute in {args.dtype}; it offers {', '.join(backend.dtypes)}"
-        )
-    device = device_for(args.framework, args.device)
-    model = backend.build(
-        config, weights, dtype=args.dtype, device=device, precision=args.precision
-    )
+    model = build_for(args, config, weights)
+    backend, device = get_backend(args.framework), model.device
+    args.dtype = model.dtype
     arrays = model.forward(src, tgt_in, attention=not args.no_attention).named()
 
     def write(tmp: str) -> None:

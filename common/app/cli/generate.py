@@ -10,14 +10,14 @@ import sys
 import textwrap
 from typing import Any
 
-from transformer_rosetta.adapter.backends import FRAMEWORKS, get_backend
+from transformer_rosetta.adapter.backends import FRAMEWORKS
 from transformer_rosetta.app.cli.args import (
     EXIT_OK,
     UsageError,
     add_device_argument,
     add_precision_argument,
+    build_for,
     config_and_weights,
-    device_for,
     positive_int,
     seed_int,
 )
@@ -99,15 +99,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
         "top_p": args.top_p,
     }
     check_generation(config, prompts, **options, stop_at_eos=True)  # before building anything
-    backend = get_backend(args.framework)
-    dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
-    if dtype not in backend.dtypes:
-        raise UsageError(
-            f"--dtype: {args.framework} does not compute in {dtype}; it offers "
-            f"{', '.join(backend.dtypes)}"
-        )
-    device = device_for(args.framework, args.device)
-    model = backend.build(config, weights, dtype=dtype, device=device, precision=args.precision)
+    model = build_for(args, config, weights)
     new = generate_ids(model, prompts, **options, seed=args.seed, cached=not args.no_cache)
     results: list[dict[str, Any]] = [{"ids": ids} for ids in new]
     if tokenizer is not None:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, get_backend, unavailable_reason
-from transformer_rosetta.app.cli.args import UsageError, device_for
+from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, unavailable_reason
+from transformer_rosetta.app.cli.args import UsageError
+from transformer_rosetta.app.model import build_model
 from transformer_rosetta.app.progress import ProgressBar
 from transformer_rosetta.app.resources import check_fits, decode_bytes
 from transformer_rosetta.app.tasks import TASKS, Task, get_task
 from transformer_rosetta.app.trainer import train
 from transformer_rosetta.decoding.search import EXTRA_LEN
+from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.weights.format import META_TASK, check_finite, load_weights
 
@@ -30,9 +32,10 @@ def build(
     """The framework's model on the device a --device request names (transformer_rosetta.app.cli.args
     DEVICE_HELP), or a one-line UsageError naming why the framework cannot run there."""
     check_framework(framework)
-    return get_backend(framework).build(
-        config, weights, dtype=dtype, device=device_for(framework, device)
-    )
+    try:
+        return build_model(framework, config, weights, dtype=dtype, device=device, prefix="--")
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_framework(framework: str) -> None:
