@@ -28,10 +28,10 @@ import numpy as np
 from transformer_rosetta.decoding.search import (
     EXTRA_LEN,
     Decoded,
+    Stepper,
     StepperFactory,
     check_search_args,
-    row_limits,
-    start_tokens,
+    token_by_token,
 )
 from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
@@ -114,32 +114,14 @@ def sample_search(
     outputs as greedy_search; stop_at_eos=False decodes every row to its limit."""
     check_sampling_args(temperature, top_k, top_p)
     check_search_args(1, extra_len)
-    limits = row_limits(c, src, extra_len)
-    rows = int(src.shape[0])  # an int, so that rng.random(rows) is typed as an array
     rng = np.random.default_rng(seed)
-    stepper = start(src, 1, int(limits.max()))
-    tokens = start_tokens(c, src, 1)
-    out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
-    scores = np.zeros(rows)
-    lengths = np.zeros(rows, dtype=np.int64)
-    finished = np.zeros(rows, dtype=bool)
-    done = np.zeros(rows, dtype=bool)
-    for t in range(int(limits.max())):
+
+    def draw(stepper: Stepper, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         log_probs = filtered_log_probs(
             stepper.step(tokens), temperature=temperature, top_k=top_k, top_p=top_p
         )
+        rows = int(tokens.shape[0])  # an int, so that rng.random(rows) is typed as an array
         chosen = inverse_cdf(log_probs, rng.random(rows))  # one draw per row, done rows too
-        live = ~done
-        out[live, t] = chosen[live]
-        scores[live] += log_probs[np.arange(rows), chosen][live]
-        lengths[live] += 1
-        if stop_at_eos:
-            hit_eos = live & (chosen == c.eos_id)
-            finished |= hit_eos
-            done |= hit_eos
-        done |= lengths >= limits
-        if done.all():
-            break
-        tokens = np.where(done, c.pad_id, chosen)  # a done row's token is never read
-    decoded = [out[i, : lengths[i] - int(finished[i])] for i in range(rows)]  # without EOS
-    return Decoded(decoded, scores, finished)
+        return chosen, log_probs[np.arange(rows), chosen]
+
+    return token_by_token(start, c, src, draw, extra_len=extra_len, stop_at_eos=stop_at_eos)

@@ -191,6 +191,52 @@ def check_search_args(beams: int, extra_len: int) -> None:
         raise InputError(f"extra length: must be >= 1, got {extra_len}")
 
 
+# One step's choice for every row: (token ids, their log-probabilities), each (rows,).
+Pick = Callable[[Stepper, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def token_by_token(
+    start: StepperFactory,
+    c: TransformerConfig,
+    src: np.ndarray,
+    pick: Pick,
+    *,
+    extra_len: int,
+    stop_at_eos: bool,
+) -> Decoded:
+    """The loop greedy search and sampling share: one token per row per step, chosen by `pick`,
+    until each row has emitted EOS or reached its limit (row_limits). stop_at_eos=False decodes
+    every row to its limit. A done row keeps feeding a token so the batch stays rectangular;
+    nothing reads it (and `pick` still sees it, so a sampler draws for it too)."""
+    limits = row_limits(c, src, extra_len)
+    rows = src.shape[0]
+    stepper = start(src, 1, int(limits.max()))
+    tokens = start_tokens(c, src, 1)
+    out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
+    scores = np.zeros(rows)
+    lengths = np.zeros(rows, dtype=np.int64)
+    finished = np.zeros(rows, dtype=bool)
+    done = np.zeros(rows, dtype=bool)
+    for t in range(int(limits.max())):
+        chosen, logp = pick(stepper, tokens)
+        live = ~done
+        out[live, t] = chosen[live]
+        scores[live] += logp[live]
+        lengths[live] += 1
+        if stop_at_eos:
+            hit_eos = live & (chosen == c.eos_id)
+            finished |= hit_eos
+            done |= hit_eos
+        done |= lengths >= limits
+        if done.all():
+            break
+        tokens = np.where(done, c.pad_id, chosen)
+    decoded = [
+        out[i, : lengths[i] - int(finished[i])] for i in range(rows)
+    ]  # drop EOS, keep the rest
+    return Decoded(decoded, scores, finished)
+
+
 def greedy_search(
     start: StepperFactory,
     c: TransformerConfig,
@@ -202,34 +248,12 @@ def greedy_search(
     """Pick the argmax token at every step until each row has emitted EOS or reached its limit.
     stop_at_eos=False decodes every row to its limit (benchmarks: a fixed number of tokens)."""
     check_search_args(1, extra_len)
-    limits = row_limits(c, src, extra_len)
-    rows = src.shape[0]
-    stepper = start(src, 1, int(limits.max()))
-    tokens = start_tokens(c, src, 1)
-    out = np.full((rows, int(limits.max())), c.pad_id, dtype=np.int64)
-    scores = np.zeros(rows)
-    lengths = np.zeros(rows, dtype=np.int64)
-    finished = np.zeros(rows, dtype=bool)
-    done = np.zeros(rows, dtype=bool)
-    for t in range(int(limits.max())):
+
+    def argmax(stepper: Stepper, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         best_logp, best = (a[:, 0] for a in top_log_probs(stepper, tokens, 1))  # ties: lower id
-        live = ~done
-        out[live, t] = best[live]
-        scores[live] += best_logp[live]
-        lengths[live] += 1
-        if stop_at_eos:
-            hit_eos = live & (best == c.eos_id)
-            finished |= hit_eos
-            done |= hit_eos
-        done |= lengths >= limits
-        if done.all():
-            break
-        # A done row keeps feeding a token so the batch stays rectangular; nothing reads it.
-        tokens = np.where(done, c.pad_id, best)
-    decoded = [
-        out[i, : lengths[i] - int(finished[i])] for i in range(rows)
-    ]  # drop EOS, keep the rest
-    return Decoded(decoded, scores, finished)
+        return best, best_logp
+
+    return token_by_token(start, c, src, argmax, extra_len=extra_len, stop_at_eos=stop_at_eos)
 
 
 def beam_search(
