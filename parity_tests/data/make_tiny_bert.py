@@ -10,7 +10,7 @@ BERT's init (zero biases, unit gains, 0.02 weights: a near-constant model that h
 The vocabulary is a small lower-cased WordPiece one, so that words split into pieces and unknown
 characters give [UNK]. Run from the repository root:
 
-    .venv/bin/python parity_tests/data/make_tiny_bert.py
+    .venv/bin/python -m parity_tests.data.make_tiny_bert
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer
+from transformers import BertConfig, BertModel, BertTokenizer
+
+from parity_tests.bert_reference import sentence_transformers_reference
 
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "tiny-bert"
@@ -133,20 +135,9 @@ def write_folder() -> None:
 def reference_embeddings(folder: Path, texts: list[str]) -> np.ndarray:
     """BertModel (float64) on the folder, mean over the attention mask, then the L2 norm: what
     sentence-transformers' Transformer, Pooling and Normalize modules compute."""
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    batch = tokenizer(
-        texts, padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt"
-    )
-    model = BertModel.from_pretrained(folder).eval().double()
-    with torch.no_grad():
-        hidden = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=torch.zeros_like(batch["input_ids"]),
-        ).last_hidden_state
-    mask = batch["attention_mask"].double()[:, :, None]
-    pooled = (hidden * mask).sum(1) / mask.sum(1)
-    return (pooled / pooled.norm(dim=-1, keepdim=True)).numpy()
+    import transformers
+
+    return sentence_transformers_reference(transformers, folder, texts, MAX_SEQ_LENGTH)
 
 
 def main() -> None:
