@@ -1,15 +1,16 @@
 """Forward-pass speed of jax_impl against a peer built from Flax's own layers, side by side.
 
-`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) takes any config,
-workload, device and precision; `main()` runs the issues' workload: the base model with a
-32000-token vocabulary, batch 8, source and target length 128 with ragged padding, eval mode,
-jitted. Everything lives on one jax.Device, in one dtype, and runs (and is traced) inside
-transformer_rosetta.jax_impl.model.matmul_precision. Contenders, timed in alternation, each ending in
-jax.block_until_ready:
+`measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) is harness.measure with
+this module's HOOK: any config the peer can express, any workload, device and precision; `main()`
+runs the issues' workload: the base model with a 32000-token vocabulary, batch 8, source and
+target length 128 with ragged padding, eval mode, jitted. Everything lives on one jax.Device, in
+one dtype, and runs (and is traced) inside transformer_rosetta.jax_impl.precision.matmul_precision.
+Contenders, timed in alternation, each ending in jax.block_until_ready:
 - ours without attention outputs (jax.nn.dot_product_attention),
 - ours with attention outputs (explicit probabilities, returned for every layer),
 - the peer: the same post-norm encoder-decoder assembled from nnx.MultiHeadAttention,
-  nnx.Linear, nnx.LayerNorm and nnx.Embed, with the same masks and the same weights,
+  nnx.Linear, nnx.LayerNorm and nnx.Embed, with the same masks and the same weights: its logits
+  must be ours before it is timed,
 - an n x n matmul (harness.matmul_size), the device's ceiling for the TFLOP/s column.
 
     python -m transformer_rosetta.benchmarks.bench_jax_impl_forward [--repeats N] [--device D] [--precision P] [--json]
@@ -17,9 +18,10 @@ jax.block_until_ready:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -30,19 +32,23 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from transformer_rosetta.adapter.backends import get_backend  # noqa: E402
-from transformer_rosetta.benchmarks.harness import matmul_size  # noqa: E402
-from transformer_rosetta.benchmarks.suite import alternate, module_main, summarise  # noqa: E402
+from transformer_rosetta.benchmarks import harness  # noqa: E402
+from transformer_rosetta.benchmarks.harness import (  # noqa: E402
+    Contenders,
+    ForwardHook,
+    lacked_by_the_paper_layers,
+    matmul_size,
+)
+from transformer_rosetta.benchmarks.suite import module_main  # noqa: E402
 from transformer_rosetta.jax_impl.backend import jax_device  # noqa: E402
 from transformer_rosetta.jax_impl.model import (  # noqa: E402
     causal_mask,
     key_padding_mask,
-    matmul_precision,
     sinusoidal_positions,
 )
+from transformer_rosetta.jax_impl.precision import matmul_precision  # noqa: E402
 from transformer_rosetta.spec.config import TransformerConfig  # noqa: E402
-from transformer_rosetta.spec.inputs import ragged_batch  # noqa: E402
-from transformer_rosetta.spec.precision import bench_setting  # noqa: E402
-from transformer_rosetta.weights.init import init_weights  # noqa: E402
+from transformer_rosetta.spec.names import embedding_names  # noqa: E402
 
 WARMUP = 1  # one round: the first call of each jitted contender compiles it
 
@@ -56,13 +62,23 @@ def _layers(dtype: jnp.dtype, rngs: nnx.Rngs) -> dict:
     return dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
 
 
+def _attention(c: TransformerConfig, **kw) -> nnx.MultiHeadAttention:
+    """nnx.MultiHeadAttention with the config's heads of head_dim each (qkv_features: h * d_k)."""
+    return nnx.MultiHeadAttention(
+        c.num_heads,
+        c.d_model,
+        qkv_features=c.num_heads * c.head_dim,
+        decode=False,
+        deterministic=True,
+        **kw,
+    )
+
+
 class PeerEncoderLayer(nnx.Module):
     def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
         kw = _layers(dtype, rngs)
         norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, **kw)
-        self.attention = nnx.MultiHeadAttention(
-            c.num_heads, c.d_model, decode=False, deterministic=True, **kw
-        )
+        self.attention = _attention(c, **kw)
         self.norm1, self.norm2 = norm(), norm()
         self.ff1 = nnx.Linear(c.d_model, c.d_ff, **kw)
         self.ff2 = nnx.Linear(c.d_ff, c.d_model, **kw)
@@ -76,10 +92,7 @@ class PeerDecoderLayer(nnx.Module):
     def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
         kw = _layers(dtype, rngs)
         norm = functools.partial(nnx.LayerNorm, c.d_model, epsilon=c.layer_norm_eps, **kw)
-        mha = functools.partial(
-            nnx.MultiHeadAttention, c.num_heads, c.d_model, decode=False, deterministic=True, **kw
-        )
-        self.self_attention, self.cross_attention = mha(), mha()
+        self.self_attention, self.cross_attention = _attention(c, **kw), _attention(c, **kw)
         self.norm1, self.norm2, self.norm3 = norm(), norm(), norm()
         self.ff1 = nnx.Linear(c.d_model, c.d_ff, **kw)
         self.ff2 = nnx.Linear(c.d_ff, c.d_model, **kw)
@@ -91,7 +104,8 @@ class PeerDecoderLayer(nnx.Module):
 
 
 class Peer(nnx.Module):
-    """Shared embedding, tied output, sinusoidal positions: the paper's base model."""
+    """The paper's base model: scaled embeddings plus sinusoids, shared and tied as the config
+    says (the paper shares and ties), post-norm layers."""
 
     def __init__(self, c: TransformerConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
         self.c, self.dtype = c, dtype
@@ -102,7 +116,11 @@ class Peer(nnx.Module):
         self.tgt_embed = (
             None if c.share_embeddings else nnx.Embed(c.tgt_vocab_size, c.d_model, **kw)
         )
-        self.output = None if c.tie_output else nnx.Linear(c.d_model, c.tgt_vocab_size, **kw)
+        self.output = (
+            None
+            if c.tie_output
+            else nnx.Linear(c.d_model, c.tgt_vocab_size, use_bias=c.output_bias, **kw)
+        )
         self.encoder = nnx.List(
             [PeerEncoderLayer(c, rngs, dtype) for _ in range(c.num_encoder_layers)]
         )
@@ -111,7 +129,7 @@ class Peer(nnx.Module):
         )
 
     def _embed(self, table, ids):
-        pe = sinusoidal_positions(ids.shape[1], self.c.d_model, "interleaved")
+        pe = sinusoidal_positions(ids.shape[1], self.c.d_model, self.c.sinusoid_layout)
         return table(ids) * self.c.d_model**0.5 + jnp.asarray(pe, self.dtype)
 
     def __call__(self, src, tgt_in):
@@ -128,31 +146,19 @@ class Peer(nnx.Module):
         return tgt_table.attend(y) if self.output is None else self.output(y)
 
 
-def peer_matches(c: TransformerConfig) -> bool:
-    """Whether the peer computes our function for `c`: the paper's post-norm base architecture.
-
-    Only then can it hold our canonical weights (peer_from_canonical) and its logits be compared.
-    """
-    return (
-        c.norm_position == "post"
-        and not c.final_norm
-        and c.activation == "relu"
-        and c.position_kind == "sinusoidal"
-        and c.sinusoid_layout == "interleaved"
-        and c.scale_embeddings
-        and c.share_embeddings
-        and c.tie_output
-        and not c.output_bias
-        and c.attention_bias
-    )
-
-
 def peer_from_canonical(
-    c: TransformerConfig, w: dict[str, np.ndarray], dtype: jnp.dtype = jnp.float32
+    c: TransformerConfig, w: Mapping[str, np.ndarray], dtype: jnp.dtype = jnp.float32
 ) -> Peer:
-    """The peer holding our canonical weights, so that its logits can be checked against ours."""
+    """The peer holding canonical weights `w`, so that its logits can be checked against ours."""
     peer = Peer(c, nnx.Rngs(0), dtype)
-    peer.embed.embedding[...] = jnp.asarray(w["shared_embedding"], dtype)
+    names = embedding_names(c)
+    peer.embed.embedding[...] = jnp.asarray(w[names["source"]], dtype)
+    if peer.tgt_embed is not None:
+        peer.tgt_embed.embedding[...] = jnp.asarray(w[names["target"]], dtype)
+    if peer.output is not None:
+        peer.output.kernel[...] = jnp.asarray(w["output.kernel"], dtype)
+        if c.output_bias:
+            peer.output.bias[...] = jnp.asarray(w["output.bias"], dtype)
     renames = {
         "self_attention": "attention",
         "self_attention_norm": "norm1",
@@ -171,8 +177,8 @@ def peer_from_canonical(
     }
     for name, value in w.items():
         parts = name.split(".")
-        if parts[0] not in ("encoder", "decoder"):
-            continue
+        if parts[0] not in ("encoder", "decoder") or parts[1] != "layers":
+            continue  # the embeddings and the output, loaded above
         stack, i, rest = parts[0], int(parts[2]), parts[3:]
         table = renames if stack == "encoder" else dec_renames
         for k in sorted(table, key=len, reverse=True):
@@ -203,6 +209,53 @@ def jitted(model: nnx.Module, src: jax.Array, tgt_in: jax.Array, **kwargs):
     return lambda: jax.block_until_ready(run(state, src, tgt_in))
 
 
+def contenders(
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    *,
+    device: str,
+    dtype: str,
+    mode: str,
+) -> Contenders:
+    """The four contenders, each jitted on `device` in `dtype`, and the logits of ours and the
+    peer; ours is built by the adapter (jax_impl/backend.py), the peer holds the same weights.
+    Nothing is traced here: the first call (the check, inside `running`) traces and compiles."""
+    jdtype = jnp.dtype(dtype)
+    target = jax_device(device)
+    src_j, tgt_j = jax.device_put((src.astype(np.int32), tgt_in.astype(np.int32)), target)
+    model = get_backend("jax").build(config, weights, dtype=dtype, device=device, precision=mode)
+    ours = model.module
+    with jax.default_device(target):
+        peer = peer_from_canonical(config, weights, jdtype)
+        n = matmul_size(device, dtype)
+        a = jax.random.normal(jax.random.key(0), (n, n), jdtype)
+
+    fused = jitted(ours, src_j, tgt_j)
+    peer_run = jitted(peer, src_j, tgt_j)
+    matmul = jax.jit(jnp.matmul)
+
+    def logits(out: jax.Array) -> np.ndarray:
+        return np.asarray(out.astype(jnp.float32))
+
+    return Contenders(
+        ours=fused,
+        ours_attention=jitted(ours, src_j, tgt_j, return_attention=True),
+        peer=peer_run,
+        matmul=lambda: matmul(a, a).block_until_ready(),
+        matmul_n=n,
+        ours_logits=lambda: logits(fused()["logits"]),
+        peer_logits=lambda: logits(peer_run()),
+    )
+
+
+def running(device: str, mode: str) -> contextlib.AbstractContextManager:
+    """At matmul precision `mode`, under which each contender is traced (its first call) and
+    run; the device is each array's own (jax.device_put, jax.default_device above)."""
+    return matmul_precision(mode)
+
+
 PEER = (
     "Flax built-in layers (nnx.MultiHeadAttention, nnx.Linear, nnx.LayerNorm, nnx.Embed), "
     "jitted like ours"
@@ -212,6 +265,17 @@ LABELS = {
     "ours_attention": "ours (attention outputs)",
     "peer": "peer (nnx.MultiHeadAttention)",
 }
+HOOK = ForwardHook(
+    framework="jax",
+    version=f"jax {jax.__version__}, flax {flax.__version__}",
+    peer=PEER,
+    labels=LABELS,
+    warmup=WARMUP,
+    peer_lacks=lacked_by_the_paper_layers,
+    build=contenders,
+    running=running,
+    workload=lambda device: {"jax_device": str(jax_device(device)), "compiler": "jax.jit"},
+)
 
 
 def measure(
@@ -225,76 +289,14 @@ def measure(
     device: str = "cpu",
     precision: str = "highest",
 ) -> dict:
-    """Median forward times of ours, ours with attention outputs, the peer and the matmul, in one run.
+    """Median forward times of ours, ours with attention outputs, the peer and the matmul, in one
+    run (harness.measure with HOOK; the contract of every bench module: benchmarks/suite.py).
 
-    The contract of every bench module: see benchmarks/suite.py. Any config runs (the sizes and
-    vocabularies are the config's), on `device` ("cpu", "gpu:0") at `precision` (a bench name:
-    highest, tf32, bf16). When the config is the peer's architecture (`peer_matches`) the peer
-    holds our weights and the result also carries the largest logit gap between the two.
+    Any config that the peer can express runs (the sizes and vocabularies are the config's), on
+    `device` ("cpu", "gpu:0") at `precision` (a bench name: highest, tf32, bf16).
     """
-    c = config
-    dtype, mode = bench_setting(precision)
-    jdtype = jnp.dtype(dtype)
-    target = jax_device(device)
-    src, tgt_in = ragged_batch(c, batch, src_len, tgt_len, seed=0)
-    has_source = (src != c.pad_id).any(axis=1)  # rows whose encoder sees at least one token
-    src, tgt_in = jax.device_put((src.astype(np.int32), tgt_in.astype(np.int32)), target)
-
-    weights = init_weights(c, seed=0, scheme="perturbed", dtype="float32")
-    model = get_backend("jax").build(c, weights, dtype=dtype, device=device, precision=mode)
-    ours = model.module
-    same_function = peer_matches(c)
-    with jax.default_device(target):
-        peer = (
-            peer_from_canonical(c, model.export(), jdtype)
-            if same_function
-            else Peer(c, nnx.Rngs(0), jdtype)
-        )
-        n = matmul_size(device, dtype)
-        a = jax.random.normal(jax.random.key(0), (n, n), jdtype)
-
-    fused = jitted(ours, src, tgt_in)
-    explicit = jitted(ours, src, tgt_in, return_attention=True)
-    peer_run = jitted(peer, src, tgt_in)
-    matmul = jax.jit(jnp.matmul)
-
-    with matmul_precision(mode):
-        # The peer computes the same function, up to summation order, except on rows whose
-        # source is all padding, where Flax's attention averages every value and ours gives 0.
-        gap = None
-        if same_function and has_source.any():
-            rows = np.flatnonzero(has_source)
-            ours_logits = fused()["logits"][rows].astype(jnp.float32)
-            gap = float(jnp.max(jnp.abs(ours_logits - peer_run()[rows].astype(jnp.float32))))
-
-        times = alternate(
-            "jax",
-            {
-                "ours": fused,
-                "ours_attention": explicit,
-                "peer": peer_run,
-                "matmul": lambda: matmul(a, a).block_until_ready(),
-            },
-            repeats,
-            WARMUP,
-            progress,
-        )
-    return summarise(
-        framework="jax",
-        version=f"jax {jax.__version__}, flax {flax.__version__}",
-        peer=PEER,
-        labels=LABELS,
-        times=times,
-        config=c,
-        batch=batch,
-        src_len=src_len,
-        tgt_len=tgt_len,
-        repeats=repeats,
-        device=device,
-        precision=precision,
-        matmul_n=matmul_size(device, dtype),
-        workload={"jax_device": str(target), "compiler": "jax.jit"},
-        extra={"max_abs_logit_gap_vs_peer": gap},
+    return harness.measure(
+        HOOK, config, batch, src_len, tgt_len, repeats, progress, device=device, precision=precision
     )
 
 

@@ -4,7 +4,7 @@ The ONNX graph is `rosetta export`'s forward graph (torch_impl/onnx_export.py) o
 weights, run by onnxruntime's CPU provider with its default graph optimisations and threads; the
 peer is the torch implementation it was exported from, on its fused SDPA path, eval mode under
 torch.inference_mode. Both take the same ragged batch and are timed in alternation
-(benchmarks/suite.alternate: warm-up, then A B A B ..., medians). The ratio reported is
+(benchmarks/harness.alternate: warm-up, then A B A B ..., medians). The ratio reported is
 onnxruntime / torch (below 1: ONNX is faster). Sizes: the .onnx file against our .safetensors
 and torch's .pt of the same float32 weights.
 
@@ -30,6 +30,7 @@ from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
 from transformer_rosetta.app.cli.args import UsageError, positive_int
 from transformer_rosetta.benchmarks.harness import (
     BASE_WORKLOAD,
+    alternate,
     base_benchmark_config,
     cli_main,
     cpu_name,
@@ -37,7 +38,6 @@ from transformer_rosetta.benchmarks.harness import (
     parser,
     to_stderr,
 )
-from transformer_rosetta.benchmarks.suite import alternate
 from transformer_rosetta.porting.convert import convert
 from transformer_rosetta.spec.config import preset
 from transformer_rosetta.spec.inputs import ragged_batch

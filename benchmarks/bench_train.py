@@ -42,6 +42,7 @@ from transformer_rosetta.app.cli.args import UsageError, positive_int, repeats_i
 from transformer_rosetta.app.tasks import get_task
 from transformer_rosetta.benchmarks.harness import (
     add_device_arguments,
+    alternate,
     base_benchmark_config,
     cli_main,
     device_name,
@@ -53,7 +54,7 @@ from transformer_rosetta.benchmarks.harness import (
     to_stderr,
     train_step_flops,
 )
-from transformer_rosetta.benchmarks.suite import alternate, under
+from transformer_rosetta.benchmarks.suite import under
 from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
 from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
 from transformer_rosetta.spec.masks import shift_right

@@ -8,6 +8,7 @@ import json
 import sys
 
 from transformer_rosetta.app.cli.args import (
+    EXIT_FAILURE,
     EXIT_OK,
     MAX_REPEATS,
     UsageError,
@@ -54,7 +55,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         precision=args.precision,
     )
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
-    return EXIT_OK
+    # A peer whose logits were not ours is a failed check (a fault in the peer, or in ours), not
+    # a framework that merely cannot run here: reported among the skipped, and exit 1.
+    return EXIT_FAILURE if result["peer_differs"] else EXIT_OK
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +71,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
             "framework's own layers (torch.nn.Transformer; a Keras model of "
             "keras.layers.MultiHeadAttention/Dense/LayerNormalization; a Flax model of "
             "nnx.MultiHeadAttention/Linear/LayerNorm) and an n x n matmul (2048 on a CPU, 8192 on "
-            "a GPU), alternating, in one run, all on one device at one precision. Prints median "
-            "times, the ratio to the peer (target <= 1.15), TFLOP/s and their fraction of the "
+            "a GPU), alternating, in one run, all on one device at one precision. Each peer "
+            "holds our weights and must give our logits before it is timed: a peer that cannot "
+            "is skipped with the reason (exit 1 when it was built but its logits differ). Prints "
+            "median times, the ratio to the peer (target <= 1.15), TFLOP/s and their fraction of the "
             "matmul ceiling, and the device's name. The base model takes a few minutes per "
             "framework on 2 cores; run nothing else meanwhile."
         ),

@@ -8,9 +8,12 @@ which times, in alternation and in one run, four contenders on one device and at
 (harness.PRECISION_HELP): ours without attention outputs (the fused kernel), ours returning every
 attention map, the framework's named peer built from its own stock layers, and an n x n matmul
 standing for that device's ceiling at that precision (n = harness.matmul_size: 2048 on a CPU,
-1024 for bfloat16 there, 8192 on a GPU). `run_bench` runs the requested frameworks one after another (never at once: they
-would share the cores) and `format_bench` prints the medians, the ratio to the peer against the
-1.15 target, and TFLOP/s as a fraction of the matmul ceiling.
+1024 for bfloat16 there, 8192 on a GPU). Each is `harness.measure` with the framework's
+`harness.ForwardHook`: before timing, the peer must give our logits on the same weights and
+inputs, or the framework gets no ratio (`harness.PeerRefused`, with the reason). `run_bench` runs
+the requested frameworks one after another (never at once: they would share the cores) and
+`format_bench` prints the medians, the ratio to the peer against the 1.15 target, TFLOP/s as a
+fraction of the matmul ceiling, and the logit gap to the peer against its bound.
 
 This module imports no deep-learning framework: each bench module is imported only when its
 framework runs, so that `rosetta --help` and the other commands stay fast.
@@ -20,69 +23,33 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from transformer_rosetta.app.cli.args import repeats_int
 from transformer_rosetta.benchmarks.harness import (
     BASE_WORKLOAD,
+    CONTENDERS,
+    TARGET,
+    PeerDiffers,
+    PeerRefused,
+    Progress,
     add_device_arguments,
     base_benchmark_config,
-    device_name,
     dump,
-    forward_flops,
-    matmul_flops,
     parser,
     plan_devices,
     precision_setting,
-    time_side_by_side,
+    silent,
     to_stderr,
 )
 from transformer_rosetta.errors import RosettaError
 from transformer_rosetta.spec.config import TransformerConfig
 
-Progress = Callable[[str], None]
-
-# The issues' target: our forward without attention outputs takes at most 1.15x the peer's time.
-TARGET = 1.15
 BENCH_FRAMEWORKS = ("torch", "tf", "jax")
-CONTENDERS = ("ours", "ours_attention", "peer", "matmul")
 MODULES = {
     name: f"transformer_rosetta.benchmarks.bench_{name}_impl_forward" for name in BENCH_FRAMEWORKS
 }
-
-
-def _silent(message: str) -> None:
-    """The default progress sink: say nothing."""
-
-
-def alternate(
-    framework: str,
-    contenders: Mapping[str, Callable[[], object]],
-    repeats: int,
-    warmup: int,
-    progress: Progress | None,
-) -> dict[str, float]:
-    """Median seconds per contender, timed A B C D, A B C D, ... as `harness.time_side_by_side`.
-
-    The harness is called once per round (warm-up only in the first) so that each finished round
-    can be reported through `progress`; the sequence of calls, and so the samples, are the ones a
-    single `time_side_by_side(contenders, repeats, warmup)` call would take.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    say = progress or _silent
-    say(f"{framework}: warm-up ({warmup} round(s), includes compilation)")
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for r in range(repeats):
-        round_times = time_side_by_side(
-            dict(contenders), repeats=1, warmup=warmup if r == 0 else 0, progress=False
-        )
-        for name, seconds in round_times.items():
-            samples[name].append(seconds)
-        say(f"{framework}: repeat {r + 1}/{repeats}")
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def under(
@@ -96,74 +63,6 @@ def under(
             return fn()
 
     return run
-
-
-def summarise(
-    *,
-    framework: str,
-    version: str,
-    peer: str,
-    labels: Mapping[str, str],
-    times: Mapping[str, float],
-    config: TransformerConfig,
-    batch: int,
-    src_len: int,
-    tgt_len: int,
-    repeats: int,
-    device: str,
-    precision: str,
-    matmul_n: int,
-    workload: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The result dict every bench module returns, from the four medians (keys: CONTENDERS).
-
-    `labels` names ours, ours_attention and the peer; the matmul's label is made here. `device`
-    is the framework's own name for it ("cuda:0", "gpu:0", "cpu"), `precision` a bench name,
-    `matmul_n` the size of the ceiling's matmul (harness.matmul_size).
-    """
-    setting = precision_setting(precision)
-    n = matmul_n
-    flop = forward_flops(config, batch, src_len, tgt_len)
-    flops = {name: flop / times[name] for name in ("ours", "ours_attention", "peer")}
-    flops["matmul"] = matmul_flops(n) / times["matmul"]
-    ratio = times["ours"] / times["peer"]
-    return {
-        "framework": framework,
-        "version": version,
-        "peer": peer,
-        "device": device,
-        "device_name": device_name(framework, device),
-        **setting,
-        "contenders": {**labels, "matmul": f"matmul {n}x{n} {setting['dtype']}"},
-        "median_s": {name: float(times[name]) for name in CONTENDERS},
-        "ratio": ratio,
-        "ratio_attention": times["ours_attention"] / times["peer"],
-        "target": TARGET,
-        "target_met": ratio <= TARGET,
-        "forward_gflop": flop / 1e9,
-        "gflops": {name: f / 1e9 for name, f in flops.items()},
-        "tflops": {name: f / 1e12 for name, f in flops.items()},
-        "fraction_of_matmul": {name: f / flops["matmul"] for name, f in flops.items()},
-        "workload": {
-            "batch": batch,
-            "src_len": src_len,
-            "tgt_len": tgt_len,
-            "src_vocab": config.src_vocab_size,
-            "tgt_vocab": config.tgt_vocab_size,
-            "d_model": config.d_model,
-            "heads": config.num_heads,
-            "d_ff": config.d_ff,
-            "layers": [config.num_encoder_layers, config.num_decoder_layers],
-            **setting,
-            "device": device,
-            "padding": "ragged",
-            "repeats": repeats,
-            "matmul_n": n,
-            **(workload or {}),
-        },
-        **(extra or {}),
-    }
 
 
 def run_bench(
@@ -182,11 +81,14 @@ def run_bench(
 
     `device` is a request (harness.DEVICE_HELP), resolved for every framework before any model
     is built: one that no framework sees raises UsageError. Returns {"results": {framework:
-    measure()'s dict}, "skipped": {framework: reason}, "target": 1.15, "precision", "dtype",
-    "matmul_precision"}. A framework is skipped, with the reason, when it cannot run here, does
-    not see the device, or has no forward benchmark (the NumPy oracle has no peer).
+    measure()'s dict}, "skipped": {framework: reason}, "peer_differs": [framework, ...],
+    "target": 1.15, "precision", "dtype", "matmul_precision"}. A framework is skipped, with the
+    reason, when it cannot run here, does not see the device, has no forward benchmark (the NumPy
+    oracle has no peer), or has no ratio because its peer does not compute our function
+    (harness.PeerRefused); "peer_differs" names those whose peer was built but whose logits were
+    not ours (harness.PeerDiffers, a failed check: `rosetta bench` exits 1).
     """
-    say = progress or _silent
+    say = progress or silent
     wanted = list(dict.fromkeys(frameworks))  # keep the order, drop repeats
     devices, skipped = plan_devices([n for n in wanted if n in MODULES], device)
     for name in wanted:
@@ -195,26 +97,34 @@ def run_bench(
                 "no forward benchmark (only torch, tf and jax have a peer to time against)"
             )
     results: dict[str, dict[str, Any]] = {}
+    differs: list[str] = []
     for name in wanted:
         if name in skipped:
             say(f"{name}: skipped ({skipped[name]})")
             continue
         say(f"{name}: building ours, the peer and the matmul on {devices[name]}")
         module = importlib.import_module(MODULES[name])
-        results[name] = module.measure(
-            config,
-            batch,
-            src_len,
-            tgt_len,
-            repeats,
-            progress,
-            device=devices[name],
-            precision=precision,
-        )
+        try:
+            results[name] = module.measure(
+                config,
+                batch,
+                src_len,
+                tgt_len,
+                repeats,
+                progress,
+                device=devices[name],
+                precision=precision,
+            )
+        except PeerRefused as refused:  # no ratio for this one; the others still run
+            skipped[name] = str(refused)
+            say(f"{name}: skipped ({refused})")
+            if isinstance(refused, PeerDiffers):
+                differs.append(name)
     skipped = {name: skipped[name] for name in wanted if name in skipped}
     return {
         "results": results,
         "skipped": skipped,
+        "peer_differs": differs,
         "target": TARGET,
         **precision_setting(precision),
     }
@@ -253,7 +163,7 @@ def format_bench(result: Mapping[str, Any]) -> str:
         if r.get("max_abs_logit_gap_vs_peer") is not None:
             lines.append(
                 f"  max |logits ours - peer| (rows with a source): "
-                f"{r['max_abs_logit_gap_vs_peer']:.2e}"
+                f"{r['max_abs_logit_gap_vs_peer']:.2e} (bound {r['logit_gap_bound']:.1e})"
             )
     for name, reason in result.get("skipped", {}).items():
         lines.append("")
@@ -273,7 +183,8 @@ def module_main(
 
     The issues' workload (harness.base_benchmark_config(), batch 8, 128/128); progress on stderr
     unless --json. Bad arguments, or a device the framework does not see, end the process with
-    one line on stderr and exit 2, before anything is built.
+    one line on stderr and exit 2, before anything is built; a peer that does not give our
+    logits (harness.PeerRefused) with one line and exit 1, before anything is timed.
     """
     prog = f"python -m transformer_rosetta.benchmarks.bench_{framework}_impl_forward"
     p = parser(prog, description)
@@ -288,16 +199,20 @@ def module_main(
     except RosettaError as exc:
         to_stderr(f"{prog}: error: {exc}")
         raise SystemExit(2) from None
-    result = measure(
-        base_benchmark_config(),
-        BASE_WORKLOAD["batch"],
-        BASE_WORKLOAD["src_len"],
-        BASE_WORKLOAD["tgt_len"],
-        args.repeats,
-        None if args.json else to_stderr,
-        device=devices[framework],
-        precision=args.precision,
-    )
+    try:
+        result = measure(
+            base_benchmark_config(),
+            BASE_WORKLOAD["batch"],
+            BASE_WORKLOAD["src_len"],
+            BASE_WORKLOAD["tgt_len"],
+            args.repeats,
+            None if args.json else to_stderr,
+            device=devices[framework],
+            precision=args.precision,
+        )
+    except PeerRefused as refused:
+        to_stderr(f"{prog}: error: {refused}")
+        raise SystemExit(1) from None
     if args.json:
         print(dump(result))
     else:

@@ -19,7 +19,8 @@ from transformer_rosetta.decoding.search import (
     prompt_prefix,
 )
 from transformer_rosetta.jax_impl import decode, train
-from transformer_rosetta.jax_impl.model import Transformer, matmul_precision
+from transformer_rosetta.jax_impl.model import Transformer
+from transformer_rosetta.jax_impl.precision import matmul_precision
 from transformer_rosetta.jax_impl.weights import (
     export_canonical,
     from_canonical,
@@ -55,7 +56,6 @@ def _forward(
 _forward_compiled = nnx.jit(_forward, static_argnames=("return_attention", "hidden_states"))
 
 
-# rosetta: device
 # idiom: JAX places arrays on jax.Device objects (jax.device_put)
 def jax_device(device: str) -> jax.Device:
     """'cpu' or 'gpu:N' as a jax.Device; ValueError naming the devices there are otherwise."""
@@ -65,9 +65,6 @@ def jax_device(device: str) -> jax.Device:
     except (RuntimeError, ValueError, IndexError):
         known = ", ".join(FlaxBackend().devices())
         raise ValueError(f"device: unknown {device!r}; this machine has {known}") from None
-
-
-# rosetta: end
 
 
 def _device_ids(ids: tuple[np.ndarray | None, ...], device: jax.Device) -> tuple:
@@ -84,10 +81,8 @@ def to_numpy(x: jax.Array) -> np.ndarray:
 
 def _to_device(model: Transformer, device: jax.Device) -> Transformer:
     """The model with every array placed on `device` (a jax.Device)."""
-    # rosetta: device
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.device_put(state, device))
-    # rosetta: end
 
 
 class FlaxStepper:
@@ -217,8 +212,9 @@ class FlaxModel:
         with self._scope():
             src_j, tgt_j = _device_ids((src, tgt_in), self._device)
             out = run(self.module, src_j, tgt_j, attention, hidden_states)
-            out = jax.tree.map(to_numpy, out)
-        return ForwardOutput(**out)
+            return ForwardOutput.from_model(
+                out, to_numpy, attention=attention, hidden_states=hidden_states
+            )
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True

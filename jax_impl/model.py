@@ -1,14 +1,20 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) in Flax NNX.
 
-Shapes: B batch, S source length, T target length, d d_model, h heads, k = d_k = d_model / h,
-V vocabulary. Attribute names are the canonical tensor names of common/spec/names.py, so that the path
-of every nnx.Param in `nnx.state(model)` joined with "." *is* its canonical name (jax_impl/weights.py
-relies on that). Masks are boolean, True = may attend.
+Each module creates its parameters eagerly in `__init__`, from an explicit `rngs` stream, and
+computes in `__call__`; train mode is module state (`model.train()`, `model.eval()` set each
+nnx.Dropout's `deterministic`). Attribute names are the canonical names of common/spec/names.py,
+so that the path of every nnx.Param in `nnx.state(model)` joined with "." *is* its canonical name
+(jax_impl/weights.py relies on that).
+
+Masks are boolean, True = may attend, built by the small pure functions below, which mirror
+common/spec/masks.py, and shaped to broadcast against the scores (B, h, T_q, T_k).
+
+Shapes: B batch, S source length, T target length, L positions at hand, d = d_model, h heads,
+d_k = d / h (or the config's key_dim), V vocabulary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -21,132 +27,130 @@ from flax import nnx
 
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import embedding_names
-from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
-# -- masks: small pure functions mirroring common/spec/masks.py, [B, 1, Tq, Tk] -------------------
+# -- masks (mirrors of common/spec/masks.py) ------------------------------------------------------
 
 
-# rosetta: masks
 def key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
-    """[B, 1, 1, K]: a key may be attended iff it is not padding."""
+    """(B, 1, 1, T_k): a key may be attended iff it is not padding."""
     return (ids != pad_id)[:, None, None, :]
 
 
 def decoder_key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
-    """[B, 1, 1, T]: as key_padding_mask, but position 0 (BOS, which may equal pad) stays visible."""
+    """(B, 1, 1, T): as key_padding_mask, but position 0 is always visible: it holds BOS, and some
+    models (Marian) use the pad id as BOS."""
+    # idiom: JAX's functional index update (x.at[i].set) sets position 0. (Built as torch builds
+    # it, `| (arange == 0)`, the mask moves XLA's fusion of the softmax under jit, and float64
+    # decoder outputs by an ulp.)
     return key_padding_mask(ids, pad_id).at[..., 0].set(True)
 
 
 def causal_mask(length: int) -> jax.Array:
-    """[1, 1, T, T]: query i may attend key j iff j <= i (section 3.2.3)."""
+    """(1, 1, T, T): query i may attend key j iff j <= i (section 3.2.3)."""
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
 def decoder_self_mask(tgt_in: jax.Array, pad_id: int) -> jax.Array:
-    """[B, 1, T, T]: decoder self-attention is causal and skips padding."""
+    """(B, 1, T, T): decoder self-attention is causal and skips padding."""
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1])
 
 
-# rosetta: end
+# -- positions, activations -----------------------------------------------------------------------
 
 
-# -- positions, activations, precision --------------------------------------------------------
-
-
+# idiom: float64 NumPy, as Flax's own WMT example builds it: `length` is static, so under jit the
+# table is a constant, and a float32 model gets the correctly rounded table rather than float32
+# sin and cos of rounded angles
 def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
-    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same),
+    one row per position, (length, d_model), for any length: sinusoids extrapolate past max_len.
 
-    Deviation, flagged: layout "concatenated" puts every sin first, then every cos (tensor2tensor,
-    Marian). Built in float64 numpy, as Flax's own WMT example does: `length` is static, so under
-    jit the table is a constant, computed for any length (it extrapolates past max_len), and a
-    float32 model gets the correctly rounded table rather than float32 sin/cos of rounded angles.
+    Deviation, flagged: layout "concatenated" (tensor2tensor, Marian) puts every sin first, then
+    every cos, with the same frequencies. Any other layout is a ValueError.
     """
     # rosetta: positions
     pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
-    angle = pos / np.power(10000.0, np.arange(0, d_model, 2) / d_model)  # (L, d/2)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, d/2)
+    angle = pos / np.power(10000.0, two_i / d_model)  # (L, d/2)
     if layout == "interleaved":
         return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(length, d_model)
-    return np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)
+    if layout == "concatenated":
+        return np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)
     # rosetta: end
+    raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "relu": jax.nn.relu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # x Phi(x), the erf form
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,  # Eq. (2): max(0, x)
+    # deviation, flagged (ported models): x Phi(x), the exact erf form
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GELU's tanh approximation
 }
 
 
 def statistics_dtype(dtype: jnp.dtype) -> jnp.dtype:
-    """float32 or wider: softmax and LayerNorm statistics never run in bfloat16."""
+    """float32 or wider: the dtype that the softmax, the norms' statistics and the pooling sums
+    run in, even when the model computes in bfloat16."""
     return jnp.promote_types(dtype, jnp.float32)
 
 
-# JAX's names for the modes of common/spec/precision.py.
-_JAX_PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
+# -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# rosetta: device
-def matmul_precision(precision: str = DEFAULT_PRECISION) -> contextlib.AbstractContextManager:
-    """float32 products in `precision` (common/spec/precision.py) for what runs, and what is
-    traced, inside the block. JAX's own default on a GPU is TF32, so "highest" must be asked for;
-    the setting is part of jit's cache key, so each mode compiles its own program."""
-    return jax.default_matmul_precision(_JAX_PRECISIONS[check_precision(precision)])
-
-
-# rosetta: end
-
-
-# -- attention (Eq. 1) -------------------------------------------------------------------------
-
-
+# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, h, d_k): the layout of
+# nnx.LinearGeneral's projections and of jax.nn.dot_product_attention
 def explicit_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout: nnx.Dropout
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    dropout: nnx.Dropout,
 ) -> tuple[jax.Array, jax.Array]:
-    """Eq. (1), section 3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, explicitly.
+    """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
+    kept.
 
-    Flax's head layout: q (B, Tq, h, k), k and v (B, Tk, h, k), mask broadcastable to
-    (B, h, Tq, Tk); `dropout` is the attention's nnx.Dropout, applied to the probabilities.
-    Returns (context (B, Tq, h, k), probabilities (B, h, Tq, Tk), pre-dropout).
-    Deviation, flagged: masked scores get the finite minimum (never -inf, which makes a fully
-    masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
-    allowed key gets an all-zero row and a zero context.
+    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
+    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
+    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
+    (statistics_dtype), and the probabilities are rounded to q's dtype once.
+
+    Deviation, flagged: masked scores get the finite minimum of the softmax dtype (never -inf,
+    which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
+    a query with no allowed key (a fully padded source) gets a zero context.
     """
-    # rosetta: attention
-    scores = jnp.einsum("bqhk,bthk->bhqt", q, k) / math.sqrt(q.shape[-1])  # (B, h, Tq, Tk)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
     scores = scores.astype(statistics_dtype(scores.dtype))
     scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
-    probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
-    context = jnp.einsum("bhqt,bthk->bqhk", dropout(probs.astype(v.dtype)), v)
+    probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0).astype(q.dtype)
+    context = jnp.einsum("bhqk,bkhd->bqhd", dropout(probs), v)  # (B, T_q, h, d_k)
     return context, probs
-    # rosetta: end
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Eq. (1) by JAX's fused kernel, jax.nn.dot_product_attention: context (B, Tq, h, k) of
-    q (B, Tq, h, k), k and v (B, Tk, h, k) under mask (B, 1, Tq|1, Tk); no probabilities.
-
-    The kernel gives a fully masked query a uniform row over the values; the spec (and the
-    oracle) give it a zero context, as explicit_attention does, so those rows are zeroed.
-    """
-    # rosetta: attention
+    """Eq. (1) by the framework's fused attention kernel, which never materialises the
+    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
+    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
+    here, as on the explicit path."""
+    # idiom: the kernel is jax.nn.dot_product_attention
     context = jax.nn.dot_product_attention(q, k, v, mask=mask)
-    has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, Tq, 1, 1)
+    # The kernel gives a query with no allowed key a uniform average of the values.
+    has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, T_q or 1, 1, 1)
     return jnp.where(has_key, context, 0.0)
-    # rosetta: end
 
 
-# -- sublayer wiring (section 3.1) -------------------------------------------------------------
+# -- sublayer wiring (section 3.1) ----------------------------------------------------------------
 
 
-# rosetta: layer_norm
 def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module:
-    """Ba et al. 2016, as the oracle: population variance, eps inside the sqrt, eps from the
-    config (Flax's default is 1e-6), and E[(x - mean)^2] rather than Flax's default
-    E[x^2] - mean^2, which cancels badly. Flax keeps the statistics in float32 for bfloat16.
-    norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
+    the paper's): population variance, eps inside the square root, statistics in float32 or
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
     if config.norm_kind == "std_plus_eps":
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, dtype=dtype)
+    # idiom: Flax's default epsilon is 1e-6, and its default (fast) variance, E[x^2] - mean^2,
+    # cancels badly: use_fast_variance=False computes E[(x - mean)^2], as the oracle does. Its
+    # statistics are float32 for bfloat16 inputs.
     return nnx.LayerNorm(
         config.d_model,
         epsilon=config.layer_norm_eps,
@@ -157,21 +161,20 @@ def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -
     )
 
 
-# rosetta: end
-
-
 class StdPlusEpsNorm(nnx.Module):
     """The Annotated Transformer's LayerNorm: scale * (x - mean) / (std + eps) + bias, with the
     unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
-    Parameters are named as nnx.LayerNorm's (scale, bias): the same state paths."""
+    Its parameters carry the names of the framework's own LayerNorm, so the checkpoint names do
+    not depend on the kind."""
 
     def __init__(self, d_model: int, eps: float, *, dtype: jnp.dtype) -> None:
+        # idiom: nnx.LayerNorm's names: scale and bias
         self.scale = nnx.Param(jnp.ones((d_model,), dtype))
         self.bias = nnx.Param(jnp.zeros((d_model,), dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Statistics in float32 or wider (bfloat16 inputs), as nnx.LayerNorm keeps them.
+        # Statistics in float32 or wider (bfloat16 inputs), as the framework's LayerNorm keeps them.
         y = x.astype(statistics_dtype(x.dtype))
         y = (y - y.mean(-1, keepdims=True)) / (y.std(-1, ddof=1, keepdims=True) + self.eps)
         return (self.scale[...] * y + self.bias[...]).astype(x.dtype)
@@ -184,28 +187,34 @@ def residual(
     dropout: nnx.Dropout,
     pre_norm: bool,
 ) -> tuple[jax.Array, Any]:
-    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
-    pre-norm (Wang et al. 2019) is x + Dropout(Sublayer(LayerNorm(x))).
+    """Sections 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation,
+    flagged: pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
 
-    `sublayer` returns (output, extra); extra (attention probabilities) is passed through."""
-    # rosetta: residual
+    `sublayer` maps its input to (output, extra); returns (the new x, extra), extra (attention
+    probabilities, say) passed through."""
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out)
     return (x if pre_norm else norm(x)), extra
-    # rosetta: end
 
 
-# -- layers ------------------------------------------------------------------------------------
+# -- layers ---------------------------------------------------------------------------------------
 
 
 class MultiHeadAttention(nnx.Module):
-    """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
-    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), with W^Q, W^K, W^V as [d, h, k] and W^O as
-    [h, k, d] (Flax's nnx.LinearGeneral layout, which is also the canonical one)."""
+    """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), and Attention from Eq. (1)
+    (explicit_attention, fused_attention).
+
+    The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
+    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
+    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
+    """
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         # rosetta: parameters
-        d, h, k = config.d_model, config.num_heads, config.head_dim
+        d, h, d_k = config.d_model, config.num_heads, config.head_dim
+        # idiom: nnx.LinearGeneral keeps heads as an axis, [d, h, d_k] and [h, d_k, d]: the
+        # canonical layout, with no reshapes
         dense = functools.partial(
             nnx.LinearGeneral,
             use_bias=config.attention_bias,
@@ -214,20 +223,18 @@ class MultiHeadAttention(nnx.Module):
             kernel_init=nnx.initializers.xavier_uniform(),  # tensor2tensor's, common/weights/init.py
             rngs=rngs,
         )
-        self.query = dense(d, (h, k))
-        self.key = dense(d, (h, k))
-        self.value = dense(d, (h, k))
-        self.output = dense((h, k), d, axis=(-2, -1))
+        self.query = dense(d, (h, d_k))
+        self.key = dense(d, (h, d_k))
+        self.value = dense(d, (h, d_k))
+        self.output = dense((h, d_k), d, axis=(-2, -1))
         # rosetta: end
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def keys_values(self, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """K W^K and V W^V of x_kv (B, Tk, d), each (B, h, Tk, k): the layout of the decoding
-        cache (jax_impl/decode.py), the same in all three implementations."""
-        # rosetta: heads
-        k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
-        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, h, Tk, k)
-        # rosetta: end
+        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
+        decode cache keeps (decode.py), in the same layout in every implementation."""
+        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, h, T_k, d_k)
 
     def __call__(
         self,
@@ -238,19 +245,18 @@ class MultiHeadAttention(nnx.Module):
         return_attention: bool = False,
         kv: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """x_q (B, Tq, d) attends x_kv (B, Tk, d) under mask (B, 1, Tq|1, Tk).
+        """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        Decoding passes `kv` instead of x_kv: keys and values already projected, as
-        keys_values() returns them (B, h, Tk, k), read from its cache.
-        Returns (output (B, Tq, d), probabilities (B, h, Tq, Tk) or None). The one place that
-        picks the kernel: explicit_attention when probabilities are asked for, else
-        fused_attention.
+        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
+        kernel, which never materialises them.
         """
-        q = self.query(x_q)  # (B, Tq, h, k)
+        q = self.query(x_q)  # (B, T_q, h, d_k)
         if kv is None:
-            k, v = self.key(x_kv), self.value(x_kv)  # (B, Tk, h, k)
-        else:
-            k, v = (jnp.swapaxes(t, 1, 2) for t in kv)  # (B, h, Tk, k) -> (B, Tk, h, k)
+            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
+        else:  # the cache's (B, h, T_k, d_k), back to (B, T_k, h, d_k)
+            k, v = (jnp.swapaxes(t, 1, 2) for t in kv)
         # rosetta: dropout
         dropout_live = not self.dropout.deterministic and self.dropout.rate > 0
         # idiom: explicit also with live attention dropout (the fused kernel has none) and in
@@ -265,8 +271,9 @@ class MultiHeadAttention(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2; W_1 is `intermediate`, W_2
-    `output`. Deviation, flagged: GELU (exact or tanh) instead of max(0, x) for ported models."""
+    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
+    `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
+    its tanh approximation) instead of max(0, x) for ported models."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         dense = functools.partial(
@@ -278,54 +285,61 @@ class FeedForward(nnx.Module):
         )
         self.intermediate = dense(config.d_model, config.d_ff)
         self.output = dense(config.d_ff, config.d_model)
-        self.activation = config.activation  # a name: static, so the graphdef stays hashable
+        self.activation = config.activation  # a key of ACTIVATIONS, looked up at each call
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.output(ACTIVATIONS[self.activation](self.intermediate(x)))
 
 
 class EncoderLayer(nnx.Module):
-    """Section 3.1: multi-head self-attention, then a position-wise feed-forward network, each
-    wrapped in a residual connection and LayerNorm."""
+    """Section 3.1, encoder layer: multi-head self-attention, then the position-wise feed-forward
+    network, each inside a residual connection with LayerNorm."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        self.config = config
         self.self_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
         self.self_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.feed_forward = FeedForward(config, dtype=dtype, rngs=rngs)
         self.feed_forward_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.pre_norm = config.norm_position == "pre"
 
     def __call__(
         self, x: jax.Array, mask: jax.Array, *, return_attention: bool = False
     ) -> tuple[jax.Array, jax.Array | None]:
-        """x (B, S, d) under mask (B, 1, 1, S). Returns (x, self-attention probs or None)."""
-        pre_norm = self.config.norm_position == "pre"
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
         x, probs = residual(
             x,
             lambda y: self.self_attention(y, y, mask, return_attention=return_attention),
             self.self_attention_norm,
             self.dropout,
-            pre_norm,
+            self.pre_norm,
         )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
             self.feed_forward_norm,
             self.dropout,
-            pre_norm,
+            self.pre_norm,
         )
         return x, probs
 
 
+def write_cache(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
+    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    position's keys or values, for the queries to attend (those not written yet are masked)."""
+    # idiom: arrays are immutable: dynamic_update_slice returns a new buffer
+    return jax.lax.dynamic_update_slice_in_dim(buffer, new, index, axis=2)
+
+
 class DecoderLayer(nnx.Module):
-    """Section 3.1: masked self-attention, attention over the encoder output, then the
-    feed-forward network, each in a residual connection and LayerNorm. A decoder-only model
-    (GPT; config.num_encoder_layers 0) has no encoder output to attend: its layers have no
-    cross-attention sublayer, and no parameters for one."""
+    """Section 3.1, decoder layer: masked self-attention, cross-attention over the encoder
+    output, then the feed-forward network, each inside a residual connection with LayerNorm. A
+    decoder-only model's layer (GPT, Radford et al. 2018) has no encoder output to attend: no
+    cross-attention sublayer (cross_attention and its norm are None), and no parameters for one."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        self.config = config
         self.self_attention = MultiHeadAttention(config, dtype=dtype, rngs=rngs)
         self.self_attention_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         if config.has_encoder:
@@ -336,6 +350,7 @@ class DecoderLayer(nnx.Module):
         self.feed_forward = FeedForward(config, dtype=dtype, rngs=rngs)
         self.feed_forward_norm = layer_norm(config, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.pre_norm = config.norm_position == "pre"
 
     def __call__(
         self,
@@ -348,36 +363,31 @@ class DecoderLayer(nnx.Module):
         cache: dict[str, jax.Array] | None = None,
         index: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
-        """x (B, T, d) over memory (B, S, d). Returns (x, self probs, cross probs, new cache),
-        always four values; the probabilities are None unless return_attention, the cross ones
-        also in a layer without cross-attention (memory and memory_mask are then None).
+        """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
+        (B, 1, 1, S). Returns (x, self-attention probabilities or None, cross-attention
+        probabilities or None, the new cache or None). A decoder-only model's layer has no
+        cross-attention: memory, memory_mask and the cross probabilities are None.
 
-        Decoding (jax_impl/decode.py) passes this layer's `cache` entry and the position `index`
-        (a traced scalar): x is then the positions index..index+L-1 (B, L, d), L = 1 for a step
-        and the prompt's length for a prefill. Their self-attention keys and values are written
-        into the cache's (B, h, positions, k) buffers at `index` and the queries attend the
-        whole buffer (self_mask (B, 1, L, positions) says which keys each may see);
-        cross-attention reads the memory's keys and values from the cache, so `memory` is
-        unused. The updated entry is returned (None without a cache): a new dict, as JAX arrays
-        are immutable.
+        Decoding (decode.py) passes this layer's `cache` and the position `index`, a tensor on
+        the device: x is then the L positions index..index+L-1 (N, L, d), L = 1 for a step and the
+        prompt's length for a prefill. Their self-attention keys and values are written into the
+        cache's buffers (write_cache) and the queries attend the whole buffer (self_mask
+        (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
+        keys and values from the cache, so `memory` is unused. The new cache is this layer's,
+        with the buffers as written.
         """
-        pre_norm = self.config.norm_position == "pre"
 
         def self_attention(y: jax.Array) -> tuple[jax.Array, tuple]:
-            if cache is None:
-                out, probs = self.self_attention(y, y, self_mask, return_attention=return_attention)
-                return out, (probs, None)
-            # rosetta: cache
-            new = self.self_attention.keys_values(y)  # (B, h, L, k) each
-            keys, values = (
-                jax.lax.dynamic_update_slice_in_dim(cache[name], t, index, axis=2)
-                for name, t in zip(("self_key", "self_value"), new, strict=True)
-            )
-            # rosetta: end
+            kv = None
+            if cache is not None:
+                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
+                keys = write_cache(cache["self_key"], keys, index)  # (N, h, max_steps, d_k)
+                values = write_cache(cache["self_value"], values, index)
+                kv = keys, values
             out, probs = self.self_attention(
-                y, None, self_mask, return_attention=return_attention, kv=(keys, values)
+                y, y, self_mask, return_attention=return_attention, kv=kv
             )
-            return out, (probs, {**cache, "self_key": keys, "self_value": values})
+            return out, (probs, kv)
 
         def cross_attention(y: jax.Array) -> tuple[jax.Array, jax.Array | None]:
             kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
@@ -385,25 +395,30 @@ class DecoderLayer(nnx.Module):
                 y, memory, memory_mask, return_attention=return_attention, kv=kv
             )
 
-        x, (self_probs, new_cache) = residual(
-            x, self_attention, self.self_attention_norm, self.dropout, pre_norm
+        x, (self_probs, self_kv) = residual(
+            x, self_attention, self.self_attention_norm, self.dropout, self.pre_norm
         )
         cross_probs = None
         if self.cross_attention is not None:
             x, cross_probs = residual(
-                x, cross_attention, self.cross_attention_norm, self.dropout, pre_norm
+                x, cross_attention, self.cross_attention_norm, self.dropout, self.pre_norm
             )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
             self.feed_forward_norm,
             self.dropout,
-            pre_norm,
+            self.pre_norm,
         )
+        if cache is None:
+            return x, self_probs, cross_probs, None
+        keys, values = self_kv
+        # idiom: arrays are immutable: a new dict with the new buffers
+        new_cache = {**cache, "self_key": keys, "self_value": values}
         return x, self_probs, cross_probs, new_cache
 
 
-# -- stacks ------------------------------------------------------------------------------------
+# -- stacks ---------------------------------------------------------------------------------------
 
 
 def _embedding_param(
@@ -411,18 +426,16 @@ def _embedding_param(
 ) -> nnx.Param:
     """[vocab_size, d] drawn from N(0, d^-0.5), so that after the sqrt(d) scale of section 3.4
     the embeddings have unit variance (tensor2tensor)."""
-    # rosetta: parameters
     init = nnx.initializers.normal(config.d_model**-0.5)
     return nnx.Param(init(rngs.params(), (vocab_size, config.d_model), dtype))
-    # rosetta: end
 
 
 class Stack(nnx.Module):
-    """What Encoder and Decoder share: the token embedding (section 3.4; none here when
-    config.share_embeddings puts one table on the Transformer), the position embedding or
-    sinusoids (section 3.5), BERT's segment table and embedding LayerNorm when the config has
-    them, dropout, N layers and the optional final LayerNorm (pre-norm models and torch's
-    nn.Transformer have one)."""
+    """What Encoder and Decoder share (section 3.1): the token embedding (section 3.4), the
+    positions (section 3.5), BERT's segment table and embedding LayerNorm when the config has
+    them, dropout, N = num_layers identical layers and the optional final LayerNorm (pre-norm
+    models and torch's nn.Transformer have one). A shared embedding (share_embeddings) is one
+    table for both stacks, held as the framework allows (its `# idiom:` says how)."""
 
     layer_class: type[EncoderLayer | DecoderLayer]
 
@@ -445,6 +458,8 @@ class Stack(nnx.Module):
             if config.position_kind == "learned"
             else None
         )
+        # BERT's embeddings (Devlin et al. 2019, section 3): a segment table, of which the models
+        # read row 0 only (they take no segment ids), and a LayerNorm over the summed embeddings.
         self.token_type_embedding = (
             _embedding_param(config.type_vocab_size, config, dtype, rngs)
             if config.type_vocab_size
@@ -460,11 +475,12 @@ class Stack(nnx.Module):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def _position_table(self, length: int, dtype: jnp.dtype) -> jax.Array:
-        """Section 3.5: PE[0..length-1], (length, d): the sinusoids, or the learned table's rows."""
+        """Section 3.5: PE[0..length-1], (length, d): the learned table's rows (check_inputs
+        refuses a length past max_len first), or the sinusoids, which extrapolate."""
         c = self.config
-        if c.position_kind == "sinusoidal":
-            return jnp.asarray(sinusoidal_positions(length, c.d_model, c.sinusoid_layout), dtype)
-        return self.position_embedding[:length]  # check_inputs refuses length > max_len first
+        if self.position_embedding is not None:
+            return self.position_embedding[:length]
+        return jnp.asarray(sinusoidal_positions(length, c.d_model, c.sinusoid_layout), dtype)
 
     def embed(
         self,
@@ -474,36 +490,33 @@ class Stack(nnx.Module):
         table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
         max_steps: int | None = None,  # idiom: jit traces `start`; the table needs a static length
     ) -> jax.Array:
-        """Sections 3.4, 3.5 and 5.4: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
-        (B, L, d), with E = `table`; start None is 0. Deviation, flagged (BERT, Devlin et al.
-        2019): with a segment table its row 0 is added too (the models take no segment ids, so
-        every token is of type 0), and an embedding LayerNorm normalises the sum before dropout.
-
-        A decoding step passes `start` as a traced scalar (its position) and `max_steps`: the
-        positions are then rows of the table for max_steps positions, sliced at `start`, so the
-        step compiles once for every position.
-        """
-        length = ids.shape[1]
-        if start is None:
-            pe = self._position_table(length, table.dtype)
-        else:
-            pe = self._position_table(max_steps, table.dtype)
-            pe = jax.lax.dynamic_slice_in_dim(pe, start, length)  # (L, d): PE[start..]
+        """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
+        (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
+        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        2019), when the config has them: row 0 of the segment table joins the sum (the models
+        take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
+        the sum before the dropout."""
+        c = self.config
         # rosetta: embeddings
         x = jnp.take(table, ids, axis=0)  # (B, L, d)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.d_model)
+        if c.scale_embeddings:
+            x = x * math.sqrt(c.d_model)
         # rosetta: end
+        if start is None:
+            pe = self._position_table(ids.shape[1], table.dtype)  # (L, d)
+        else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
+            pe = self._position_table(c.max_len if max_steps is None else max_steps, table.dtype)
+            pe = jax.lax.dynamic_slice_in_dim(pe, start, ids.shape[1])  # (L, d)
         x = x + pe[None]
         if self.token_type_embedding is not None:
-            x = x + self.token_type_embedding[0]  # (d,): every token is of segment 0
+            x = x + self.token_type_embedding[0]  # (d,): every token is of type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x)
 
 
 class Encoder(Stack):
-    """Section 3.1: a stack of N = num_encoder_layers identical layers over the embedded
+    """Section 3.1: the encoder, N = num_encoder_layers encoder layers over the embedded
     source."""
 
     layer_class = EncoderLayer
@@ -522,9 +535,9 @@ class Encoder(Stack):
         return_attention: bool = False,
         table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array]]:
-        """src (B, S) ids, mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention probs
-        per layer or None, hidden states: the embedding output and each layer's output, before
-        the final norm)."""
+        """src (B, S) ids under mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention
+        probabilities per layer or None, hidden states: the embedding output and every layer's
+        output, before the final norm)."""
         x = self.embed(src, table=table)
         attentions, hidden = [], [x]
         for layer in self.layers:
@@ -537,10 +550,10 @@ class Encoder(Stack):
 
 
 class Decoder(Stack):
-    """Section 3.1: a stack of N = num_decoder_layers identical layers over the embedded target,
-    attending to the encoder output (a decoder-only model's layers attend nothing else).
-    Decoding with a cache runs its layers a prompt at a time (prefill) and then one position at
-    a time in jax_impl/decode.py (decode_step)."""
+    """Section 3.1: the decoder, N = num_decoder_layers decoder layers over the embedded target
+    (shifted right), each attending the encoder output (a decoder-only model's attend nothing
+    else). Decoding with a cache (decode.py) runs its embedding and layers a prompt at a time
+    (prefill), then one position at a time (decode_step)."""
 
     layer_class = DecoderLayer
 
@@ -560,9 +573,10 @@ class Decoder(Stack):
         return_attention: bool = False,
         table: jax.Array,  # idiom: a shared table is one nnx.Param on the Transformer, passed down
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
-        """tgt_in (B, T) ids, memory (B, S, d) (None, as memory_mask, for a decoder-only model).
-        Returns (output (B, T, d), self-attention and cross-attention probs per layer or None,
-        hidden states); a decoder-only model's cross-attention list is empty."""
+        """tgt_in (B, T) ids (BOS first) over memory (B, S, d), under self_mask (B, 1, T, T) and
+        memory_mask (B, 1, 1, S); memory and memory_mask None for a decoder-only model. Returns
+        (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
+        cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in, table=table)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
@@ -581,17 +595,18 @@ class Decoder(Stack):
 
 
 def pool(config: TransformerConfig, memory: jax.Array, src: jax.Array) -> jax.Array | None:
-    """An encoder-only model's one vector per sequence (B, d) from its output memory (B, S, d),
-    or None when config.pooling is "none". Not in the paper: "mean" averages the non-pad
-    positions of src (B, S) (sentence-transformers; a row with none gives zeros, not NaN),
-    "first" takes position 0 (BERT's [CLS]); config.pooled_l2_norm then divides by the L2 norm
-    (a zero vector stays zero)."""
+    """An encoder-only model's pooled vector (B, d) from its output memory (B, S, d) over the ids
+    src (B, S), or None when config.pooling is "none". Not in the paper: "mean" averages the
+    non-pad positions (sentence-transformers' mean pooling; a row with none gives zeros, not
+    NaN), "first" takes position 0 (BERT's [CLS]); pooled_l2_norm then divides by the L2 norm (a
+    zero vector stays zero). The sums run in float32 or wider (statistics_dtype), and the result
+    is in memory's dtype."""
     if config.pooling == "none":
         return None
-    # The sums in float32 or wider, as LayerNorm's statistics (bfloat16 memories).
+    # The sums in float32 or wider, as the norms keep their statistics (bfloat16 models).
     y = memory.astype(statistics_dtype(memory.dtype))
     if config.pooling == "first":
-        pooled = y[:, 0]
+        pooled = y[:, 0]  # (B, d)
     else:
         real = (src != config.pad_id)[:, :, None].astype(y.dtype)  # (B, S, 1)
         pooled = (y * real).sum(axis=1) / jnp.maximum(real.sum(axis=1), 1.0)  # (B, d)
@@ -602,11 +617,17 @@ def pool(config: TransformerConfig, memory: jax.Array, src: jax.Array) -> jax.Ar
 
 
 class Transformer(nnx.Module):
-    """Section 3, Figure 1: the encoder-decoder Transformer, with the pre-softmax projection of
-    section 3.4 (tied to the target embedding when config.tie_output). Its halves
-    (config.kind): a decoder-only model (GPT) has `encoder` None and decoder layers without
-    cross-attention; an encoder-only one (BERT) has `decoder` and `output` None and returns its
-    encoder output and, when the config pools, a pooled vector."""
+    """Section 3, Figure 1: the encoder-decoder Transformer, logits = Decoder(Encoder(src)) W_out,
+    with the embedding sharing of section 3.4: share_embeddings gives both stacks one embedding
+    matrix, and tie_output makes the pre-softmax projection the target embedding transposed
+    (output_bias adds a bias of its own). `encode` and `decode` are separate so that decoding can
+    reuse the encoder output.
+
+    The family's halves (docs/FORMAT.md, "The three kinds"): a decoder-only model (GPT;
+    num_encoder_layers 0) has `encoder` None and decoder layers without cross-attention; an
+    encoder-only one (BERT; num_decoder_layers 0) has `decoder` and the output projection None,
+    and returns its encoder output and, when the config pools, a pooled vector.
+    """
 
     def __init__(
         self, config: TransformerConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs
@@ -646,8 +667,9 @@ class Transformer(nnx.Module):
     def encode(
         self, src: jax.Array, *, return_attention: bool = False
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array]]:
-        """src (B, S) -> (memory (B, S, d), self-attention probs or None, hidden states)."""
-        mask = key_padding_mask(src, self.config.pad_id)
+        """The encoder on source ids src (B, S) under their padding mask: (memory (B, S, d),
+        self-attention probabilities per layer or None, hidden states); see Encoder."""
+        mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
         return self.encoder(
             src, mask, return_attention=return_attention, table=self.table("source")
         )
@@ -660,22 +682,24 @@ class Transformer(nnx.Module):
         *,
         return_attention: bool = False,
     ) -> tuple[jax.Array, list[jax.Array] | None, list[jax.Array] | None, list[jax.Array]]:
-        """tgt_in (B, T) shifted right behind BOS, memory (B, S, d) and src (B, S) for its
-        padding (both None for a decoder-only model) -> (logits (B, T, V), self probs or None,
-        cross probs or None, hidden states)."""
-        c = self.config
+        """The decoder on target ids tgt_in (B, T), shifted right behind BOS, over memory
+        (B, S, d) whose padding src (B, S) gives (both None for a decoder-only model): (logits
+        (B, T, V), self and cross probabilities per layer or None, hidden states); see Decoder."""
+        pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
-            decoder_self_mask(tgt_in, c.pad_id),
-            None if src is None else key_padding_mask(src, c.pad_id),
+            decoder_self_mask(tgt_in, pad),  # (B, 1, T, T)
+            None if src is None else key_padding_mask(src, pad),  # (B, 1, 1, S)
             return_attention=return_attention,
             table=self.table("target"),
         )
         return self.logits(y), self_attentions, cross_attentions, hidden
 
     def logits(self, y: jax.Array) -> jax.Array:
-        """Section 3.4: the pre-softmax linear transformation of y (..., d) -> (..., V)."""
+        """Section 3.4: the pre-softmax linear transformation, (..., d) -> (..., V). Tied
+        (tie_output), its weight is the target embedding E, so logits = y E^T, plus the output
+        bias when the config has one."""
         c = self.config
         # rosetta: embeddings
         if c.tie_output:  # section 3.4: y E^T
@@ -689,12 +713,16 @@ class Transformer(nnx.Module):
     def __call__(
         self, src: jax.Array | None, tgt_in: jax.Array | None, *, return_attention: bool = False
     ) -> dict[str, jax.Array | list[jax.Array] | None]:
-        """Teacher-forced forward. Keys are the fields of transformer_rosetta.spec.results.ForwardOutput;
-        attentions are None unless return_attention, hidden states always lists (under jit, a
-        caller that drops them from its outputs lets XLA drop them). A half of the family takes
-        only its own input (src None: decoder-only; tgt_in None: encoder-only), and what the
-        absent stack would return is None (its output) or an empty list (its maps)."""
-        absent = [] if return_attention else None  # the maps of a stack the model lacks
+        """Teacher-forced forward pass; the keys are the fields of
+        transformer_rosetta.spec.results.ForwardOutput. The attention lists are None unless
+        return_attention (the explicit path; otherwise the fused kernel throughout); the hidden
+        states are always there. A half of the family takes only its own input (src None for
+        decoder-only, tgt_in None for encoder-only) and returns None for what it lacks (logits or
+        encoder_output, pooled_output) and empty lists for the other half's attention maps and
+        hidden states."""
+        # The hidden states are returned always: under jit, a caller that drops them from its
+        # outputs lets XLA drop them.
+        absent = [] if return_attention else None  # the maps of a half the model lacks
         memory, encoder_attentions, encoder_hidden, pooled = None, absent, [], None
         if self.encoder is not None:
             memory, encoder_attentions, encoder_hidden = self.encode(

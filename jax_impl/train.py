@@ -140,12 +140,10 @@ def _loss_fn(
     (accuracy, tokens, the rest after the step: dropout's RNG counts moved on)). A tied
     parameter is one nnx.Param read in several places, so autodiff sums the gradient over its
     uses."""
-    # rosetta: gradients
     model = nnx.merge(graphdef, params, rest)  # in the trace only
     loss, accuracy, tokens = compute_loss(model, src, tgt_in, tgt)
     _, _, rest = nnx.split(model, nnx.Param, ...)
     return loss, (accuracy, tokens, nnx.to_pure_dict(rest))
-    # rosetta: end
 
 
 # The compiled functions close over the graphdef rather than take it as a static argument:
@@ -170,7 +168,6 @@ def _compiled_loss_and_grads(graphdef: nnx.GraphDef) -> Callable[..., tuple]:
     return jax.jit(run)
 
 
-# rosetta: compilation
 @functools.lru_cache(maxsize=16)
 def _compiled_train_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation
@@ -192,9 +189,6 @@ def _compiled_train_step(
     # The params and Adam's state are replaced by the step's outputs, so XLA may write those
     # into the inputs' buffers (the guide's donate_argnums).
     return jax.jit(run, donate_argnums=(0, 2))
-
-
-# rosetta: end
 
 
 def loss_and_grads(
@@ -241,10 +235,8 @@ def _noam_adam(d_model: int, warmup: int, factor: float = 1.0) -> optax.Gradient
     _compiled_train_step's cache key: one object per (d_model, warmup, factor) lets a later
     model of the same kind reuse the step compiled for an earlier one.
     """
-    # rosetta: optimizer
     b1, b2 = ADAM_BETAS
     return optax.adam(noam_schedule(d_model, warmup, factor), b1=b1, b2=b2, eps=ADAM_EPS)
-    # rosetta: end
 
 
 def make_optimizer(

@@ -116,7 +116,6 @@ def load_canonical(
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, _params_pure_dict(model, weights, dtype))
     nnx.update(model, state)
-    # rosetta: end
 
 
 # idiom: NNX builds a module with its dtype and rngs, then loads: one call for both

@@ -5,12 +5,15 @@ Speed is never asserted in a test (a shared CI machine makes any threshold flaky
 shape of the result, that every time is positive and every ratio finite, that progress is
 reported, that a framework that cannot run is skipped with its reason, that --device and
 --precision are parsed, reach every contender (the peers too) and are refused in one line with
-exit 2 when wrong, and that the JSON names the device and the precision.
+exit 2 when wrong, that the JSON names the device and the precision, and that every framework's
+peer holds our weights and gives our logits before it is timed: a peer computing another
+function (one weight perturbed) or a config it cannot express is refused in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 
@@ -20,6 +23,7 @@ from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
 from transformer_rosetta.benchmarks import harness, suite
 from transformer_rosetta.cli import main as rosetta
 from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.tolerances import atol_for
 
 IMPLEMENTATIONS = suite.BENCH_FRAMEWORKS
 INSTALLED = [name for name in IMPLEMENTATIONS if unavailable_reason(name) is None]
@@ -117,6 +121,17 @@ def test_jax_peer_holds_our_weights_and_gives_our_logits(bench):
     assert gap is not None and gap < 1e-5
 
 
+@pytest.mark.parametrize("framework", IMPLEMENTATIONS)
+def test_every_peer_holds_our_weights_and_gives_our_logits(bench, framework):
+    if framework not in INSTALLED:
+        pytest.skip(f"{framework}: {unavailable_reason(framework)}")
+    r = bench[0]["results"][framework]
+    # Twice the float32 bound of the parity suite (harness.peer_bound), and met well inside it.
+    assert r["logit_gap_bound"] == 2 * atol_for("float32", preset("tiny")) == 2e-5
+    assert r["max_abs_logit_gap_vs_peer"] <= r["logit_gap_bound"] / 4
+    assert f"(bound {r['logit_gap_bound']:.1e})" in suite.format_bench(bench[0])
+
+
 def test_progress_names_each_framework_and_repeat(bench):
     _, messages = bench
     for name in INSTALLED:
@@ -141,12 +156,12 @@ def test_alternate_takes_one_sample_per_round_after_the_warmup():
     calls: list[str] = []
     messages: list[str] = []
     contenders = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
-    times = suite.alternate("x", contenders, repeats=3, warmup=2, progress=messages.append)
+    times = harness.alternate("x", contenders, repeats=3, warmup=2, progress=messages.append)
     assert calls == ["a", "b"] * 5  # 2 warm-up rounds, then 3 timed rounds, in alternation
     assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
     assert messages[-1] == "x: repeat 3/3" and len(messages) == 4
     with pytest.raises(ValueError, match="repeats"):
-        suite.alternate("x", contenders, repeats=0, warmup=0, progress=None)
+        harness.alternate("x", contenders, repeats=0, warmup=0, progress=None)
 
 
 def test_module_main_prints_json_or_the_report(bench, capsys):
@@ -295,8 +310,9 @@ def test_torch_ours_peer_and_matmul_run_at_the_precision_asked_for(
     )
     r = bench_torch.measure(preset("tiny"), BATCH, LENGTH, LENGTH, 1, precision=precision)
     assert spy.entered == [mode]  # bf16 is a dtype: its products are bf16 whatever the mode
-    # 2 warm-up rounds and 1 timed, every one under the switch, in the dtype asked for
-    assert seen == [(mode, f"torch.{dtype}")] * 3
+    # the check against our logits, 2 warm-up rounds and 1 timed, every one under the switch, in
+    # the dtype asked for
+    assert seen == [(mode, f"torch.{dtype}")] * 4
     assert built == [(dtype, mode)]  # ours gets both from the adapter
     assert (r["precision"], r["dtype"], r["matmul_precision"]) == (precision, dtype, mode)
     assert r["contenders"]["matmul"] == f"matmul 64x64 {dtype}"
@@ -326,6 +342,131 @@ def test_jax_bf16_reaches_ours_the_peer_and_the_matmul(monkeypatch):
     assert (r["precision"], r["dtype"]) == ("bf16", "bfloat16")
     assert r["contenders"]["matmul"] == "matmul 64x64 bfloat16" and r["workload"]["matmul_n"] == 64
     json.dumps(r)
+
+
+# -- every peer computes our function, or gets no ratio ----------------------------------------
+
+
+def perturb_one_weight(
+    monkeypatch, module, name: str = "decoder.layers.1.feed_forward.output.bias"
+):
+    """Give the module's peer (its peer_from_canonical) our weights but one element of `name`,
+    which moves by 0.01: a peer computing another function, however slightly."""
+    build = module.peer_from_canonical
+
+    def peer_from_canonical(config, weights, *args, **kwargs):
+        changed = weights[name].copy()
+        changed.flat[0] += 0.01
+        return build(config, {**weights, name: changed}, *args, **kwargs)
+
+    monkeypatch.setattr(module, "peer_from_canonical", peer_from_canonical)
+
+
+@pytest.mark.parametrize(
+    "framework",
+    [
+        "torch",
+        # XLA compiles ours and the peer before the check: about 9 s on 2 cores
+        pytest.param("tf", marks=pytest.mark.slow),
+        "jax",
+    ],
+)
+def test_a_peer_computing_another_function_is_refused_in_one_line_before_timing(
+    monkeypatch, framework, one_torch_thread
+):
+    reason = harness.bench_unavailable_reason(framework)
+    if reason is not None:
+        pytest.skip(f"{framework}: {reason}")
+    module = importlib.import_module(suite.MODULES[framework])
+    perturb_one_weight(monkeypatch, module)
+    messages: list[str] = []
+    with pytest.raises(harness.PeerDiffers) as refused:
+        module.measure(preset("tiny"), BATCH, LENGTH, LENGTH, REPEATS, messages.append)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("the peer computes a different function: max |logits ours - peer| ")
+    assert "above 2.0e-05 (twice the float32 bound" in message and "no ratio" in message
+    assert not any("warm-up" in m or "repeat" in m for m in messages)  # nothing was timed
+
+
+def test_rosetta_bench_skips_a_differing_peer_with_the_reason_and_exits_1(
+    capsys, monkeypatch, one_torch_thread
+):
+    if "torch" not in INSTALLED:
+        pytest.skip(f"torch: {unavailable_reason('torch')}")
+    from transformer_rosetta.benchmarks import bench_torch_impl_forward as bench_torch
+
+    perturb_one_weight(monkeypatch, bench_torch)
+    argv = ["bench", "--preset", "tiny", "--frameworks", "torch", "--device", "cpu"]
+    argv += ["--batch", str(BATCH), "--src-len", str(LENGTH), "--tgt-len", str(LENGTH)]
+    assert rosetta([*argv, "--repeats", "1", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["results"] == {} and result["peer_differs"] == ["torch"]
+    assert result["skipped"]["torch"].startswith("the peer computes a different function")
+    assert rosetta([*argv, "--repeats", "1"]) == 1
+    assert "torch: skipped (the peer computes a different function: " in capsys.readouterr().out
+
+
+def test_module_main_refuses_a_differing_peer_in_one_line_exit_1(capsys):
+    def measure(config, batch, src_len, tgt_len, repeats, progress, *, device, precision):
+        raise harness.PeerDiffers("the peer computes a different function: (canned)")
+
+    with pytest.raises(SystemExit) as stopped:
+        suite.module_main("torch", measure, ["--device", "cpu"], 7, "d")
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(
+        "the peer computes a different function: (canned)"
+    )
+
+
+def test_a_config_beyond_a_peer_is_skipped_with_what_the_peer_lacks(one_torch_thread):
+    # nn.Transformer expresses pre-norm layers with final norms and GELU (and so holds and
+    # matches our weights); the Keras and Flax peers are the paper's post-norm ReLU layers.
+    config = preset("tiny").replace(norm_position="pre", final_norm=True, activation="gelu")
+    result = suite.run_bench(
+        list(IMPLEMENTATIONS), config, BATCH, LENGTH, LENGTH, REPEATS, device="cpu"
+    )
+    assert result["peer_differs"] == []
+    if "torch" in INSTALLED:
+        r = result["results"]["torch"]
+        assert r["max_abs_logit_gap_vs_peer"] <= r["logit_gap_bound"]
+    for name in ("tf", "jax"):
+        if name in INSTALLED:
+            reason = result["skipped"][name]
+            assert reason.startswith("its peer cannot compute this config's function: ")
+            assert "pre-norm layers" in reason and "a final LayerNorm" in reason
+            assert "activation gelu" in reason and "\n" not in reason
+
+
+def test_what_no_peer_can_express_is_named():
+    config = preset("tiny").replace(position_kind="learned", scale_embeddings=False)
+    lacks = harness.lacked_by_every_peer(config)
+    assert lacks == [
+        "learned positions (each peer adds sinusoids)",
+        "unscaled embeddings (each peer scales them by sqrt(d_model))",
+    ]
+    assert harness.lacked_by_every_peer(preset("tiny")) == []
+    assert harness.lacked_by_the_paper_layers(preset("base")) == []
+    with pytest.raises(harness.PeerRefused, match="learned positions"):
+        harness.measure(
+            harness.ForwardHook(  # never built: the config is refused first
+                framework="x",
+                version="",
+                peer="",
+                labels={},
+                warmup=0,
+                peer_lacks=lambda c: [],
+                build=None,  # type: ignore[arg-type]
+                running=None,  # type: ignore[arg-type]
+                workload=None,  # type: ignore[arg-type]
+            ),
+            config,
+            BATCH,
+            LENGTH,
+            LENGTH,
+            REPEATS,
+        )
 
 
 # -- bench_train ------------------------------------------------------------------------------

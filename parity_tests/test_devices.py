@@ -8,7 +8,7 @@ are skipped with "no GPU visible to <framework>", never passed silently.
 TF32 (10 explicit mantissa bits, unit roundoff 2^-11 = 4.9e-4) is what Ampere and later GPUs use
 for float32 matmuls unless told not to; it would move float32 results by ~1e-3 and break the
 1e-5 bound. docs/DESIGN.md ("Devices") turns it off everywhere. Two kinds of test hold that in place:
-- the switch each model runs its calls under (its model.matmul_precision), read from inside a
+- the switch each model runs its calls under (its precision.matmul_precision), read from inside a
   forward on any machine: test_precision.py;
 - on a GPU, a 1024 x 1024 float32 matmul of standard normals, which must match the float64
   product of the same float32 numbers to 1e-5 normwise relative error. float32 accumulation gives
@@ -164,14 +164,15 @@ def test_the_tf32_detector_has_teeth():
     assert tf32 > MATMUL_RTOL * 10, f"TF32 matmul error {tf32:.3g} would pass the check"
 
 
-# Each matmul runs under the implementation's own switch for "highest" (model.matmul_precision),
-# the one its models run every call under (test_precision.py reads it from inside a forward).
+# Each matmul runs under the implementation's own switch for "highest" (its precision.py's
+# matmul_precision), the one its models run every call under (test_precision.py reads it from
+# inside a forward).
 
 
 def _torch_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import torch
 
-    from transformer_rosetta.torch_impl.model import matmul_precision
+    from transformer_rosetta.torch_impl.precision import matmul_precision
 
     with matmul_precision("highest"):
         c = torch.from_numpy(a).to(device) @ torch.from_numpy(b).to(device)
@@ -181,7 +182,7 @@ def _torch_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
 def _tf_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import tensorflow as tf
 
-    from transformer_rosetta.tf_impl.model import matmul_precision
+    from transformer_rosetta.tf_impl.precision import matmul_precision
 
     kind, _, index = device.partition(":")
     with tf.device(f"/{kind.upper()}:{index or 0}"), matmul_precision("highest"):
@@ -193,7 +194,7 @@ def _jax_matmul(a: np.ndarray, b: np.ndarray, device: str) -> np.ndarray:
     import jax
 
     from transformer_rosetta.jax_impl.backend import jax_device
-    from transformer_rosetta.jax_impl.model import matmul_precision
+    from transformer_rosetta.jax_impl.precision import matmul_precision
 
     target = jax_device(device)
     with matmul_precision("highest"):

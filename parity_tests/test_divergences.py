@@ -1,4 +1,4 @@
-"""The divergence catalogue (common/app/divergences.py, docs/divergences.json, the table in
+"""The divergence catalogue (tools/docs/divergences.py, docs/divergences.json, the table in
 docs/ROSETTA.md).
 
 - Every registry entry has its record in docs/divergences.json, with the same text, so an entry
@@ -25,9 +25,8 @@ import numpy as np
 import pytest
 
 from parity_tests.conftest import backend_or_skip
-from transformer_rosetta.adapter.backends import unavailable_reason
-from transformer_rosetta.app import divergences
-from transformer_rosetta.app.divergences import (
+from tools.docs import divergences
+from tools.docs.divergences import (
     CLASS_KEYS,
     FRAMEWORK_NAMES,
     MEASURE_COMMAND,
@@ -36,6 +35,7 @@ from transformer_rosetta.app.divergences import (
     catalogue_table,
     load_catalogue,
 )
+from transformer_rosetta.adapter.backends import unavailable_reason
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import preset
 from transformer_rosetta.spec.inputs import ragged_batch
@@ -43,7 +43,9 @@ from transformer_rosetta.spec.tolerances import atol_for
 from transformer_rosetta.weights.init import init_weights
 
 STALE = f"run {MEASURE_COMMAND}"
-BY_KEY = {d.key: d for d in REGISTRY}
+ENTRIES = list(REGISTRY.values())
+# The static texts of a made-up entry, for the registry's own tests.
+TEXT = {"topic": "t", "default": "d", "ours": "o", "effect": "e"}
 
 
 def recorded() -> dict[str, dict]:
@@ -93,10 +95,10 @@ def framework_or_skip(name: str | None) -> None:
 def test_every_entry_has_its_record_with_the_same_text():
     rows = load_catalogue()
     assert rows, f"{divergences.MEASUREMENTS} is missing or empty: {STALE}"
-    assert [r["key"] for r in rows] == [d.key for d in REGISTRY], (
+    assert [r["key"] for r in rows] == list(REGISTRY), (
         f"docs/divergences.json lists other entries than the registry: {STALE}"
     )
-    for row, divergence in zip(rows, REGISTRY, strict=True):
+    for row, divergence in zip(rows, ENTRIES, strict=True):
         assert tuple(row) == RECORD_KEYS, f"{row['key']}: keys {tuple(row)}: {STALE}"
         for field, text in divergence.text().items():
             assert row[field] == text, f"{row['key']}: {field} changed: {STALE}"
@@ -129,7 +131,7 @@ def test_rows_that_depend_on_the_hardware_say_so():
     the other rows say what they depend on too."""
     rows = recorded()
     for key in ("bf16_softmax_keras", "bf16_matmul_tf", "bf16_einsum_tf"):
-        assert BY_KEY[key].hardware is divergences.TF_BF16, key
+        assert REGISTRY[key].hardware is divergences.TF_BF16, key
         assert rows[key]["depends_on"].startswith("the CPU: TensorFlow runs bfloat16 through")
     assert all(row["depends_on"] for row in rows.values())
     assert rows["tf32_jax"]["depends_on"].startswith("the GPU")
@@ -140,16 +142,23 @@ def test_rows_that_depend_on_the_hardware_say_so():
 
 
 def test_registry_entries_are_well_formed():
-    keys = [d.key for d in REGISTRY]
-    assert len(set(keys)) == len(keys)
-    for d in REGISTRY:
+    for key, d in REGISTRY.items():
+        assert d.key == key == d.measure.__name__  # a row's key is its function's name
         assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", d.key), d.key
         assert d.framework in FRAMEWORK_NAMES, d.key
         assert d.cost in ("cheap", "slow"), d.key
         assert d.needs in (None, "torch", "tf", "jax"), d.key
         assert all(d.text().values()), f"{d.key}: an empty text"
-    with pytest.raises(ValueError, match="framework 'Torch' is not one of"):
-        divergences.entry("x", "t", "Torch", "d", "o", "e", needs=None)
+
+    def x() -> float:
+        return 0.0
+
+    with pytest.raises(ValueError, match="x: framework 'Torch' is not one of"):
+        divergences.divergence(**TEXT, framework="Torch", needs=None)(x)
+    with pytest.raises(ValueError, match="two catalogue entries are called 'layer_norm_eps_torch'"):
+        divergences.divergence(**TEXT, framework="PyTorch", needs=None)(
+            divergences.layer_norm_eps_torch
+        )
 
 
 def test_the_table_has_one_row_per_record_and_is_deterministic():
@@ -177,20 +186,22 @@ def test_the_table_without_measurements_says_how_to_measure(tmp_path):
 
 
 def test_write_measurements_writes_json_with_nan_as_null(tmp_path, monkeypatch):
-    fake = []
-    monkeypatch.setattr(divergences, "REGISTRY", fake)
-    divergences.entry("a_nan", "t", "PyTorch", "d", "o", "e", needs=None)(lambda: math.nan)
-    divergences.entry("a_note", "t", "JAX", "d", "o", "e", needs=None)(lambda: (0.0, "x: 1"))
-    divergences.entry(
-        "a_value",
-        "t",
-        "Keras",
-        "d",
-        "o",
-        "e",
-        needs=None,
-        show=divergences._uniform_or_scientific(4),
-    )(lambda: 0.25)
+    monkeypatch.setattr(divergences, "REGISTRY", {})
+
+    @divergences.divergence(**TEXT, framework="PyTorch", needs=None)
+    def a_nan() -> float:
+        return math.nan
+
+    @divergences.divergence(**TEXT, framework="JAX", needs=None)
+    def a_note() -> tuple[float, str]:
+        return 0.0, "x: 1"
+
+    @divergences.divergence(
+        **TEXT, framework="Keras", needs=None, show=divergences._uniform_or_scientific(4)
+    )
+    def a_value() -> float:
+        return 0.25
+
     seen = []
     path = divergences.write_measurements(tmp_path / "d.json", progress=seen.append)
     assert seen == ["[1/3] a_nan", "[2/3] a_note", "[3/3] a_value"]
@@ -206,7 +217,7 @@ def test_write_measurements_writes_json_with_nan_as_null(tmp_path, monkeypatch):
 
 def _params(cost: str) -> list:
     marks = [pytest.mark.slow] if cost == "slow" else []
-    return [pytest.param(d, id=d.key, marks=marks) for d in REGISTRY if d.cost == cost]
+    return [pytest.param(d, id=d.key, marks=marks) for d in ENTRIES if d.cost == cost]
 
 
 def _measure_again(divergence: divergences.Divergence) -> None:
@@ -257,13 +268,15 @@ def test_each_class_this_machine_can_reach_measures_what_is_recorded(hardware_cl
     (oneDNN asked for on a CPU without AVX-512) cannot measure this one: skipped, saying so."""
     backend_or_skip("tf")
     kind = divergences.TF_BF16
-    keys = [d.key for d in REGISTRY if d.hardware is kind]
+    keys = [d.key for d in ENTRIES if d.hardware is kind]
     records = divergences.measure_classes(keys, kind.environments[hardware_class])
     landed = {r["class"] for r in records}
     if landed != {hardware_class}:
         pytest.skip(f"asked for {hardware_class}, this machine gives {', '.join(sorted(landed))}")
     for record in records:
-        _agrees(BY_KEY[record["key"]], record["value"], class_record(record["key"], hardware_class))
+        _agrees(
+            REGISTRY[record["key"]], record["value"], class_record(record["key"], hardware_class)
+        )
 
 
 def test_the_probe_names_the_class_tensorflow_is_in():
@@ -285,7 +298,7 @@ def test_the_frameworks_defaults_are_the_ones_the_catalogue_names():
         import torch
 
         assert default(torch.nn.LayerNorm, "eps") == 1e-5
-        assert "1e-5" in BY_KEY["layer_norm_eps_torch"].default
+        assert "1e-5" in REGISTRY["layer_norm_eps_torch"].default
     if unavailable_reason("tf") is None:
         backend_or_skip("tf")
         import keras
@@ -293,8 +306,8 @@ def test_the_frameworks_defaults_are_the_ones_the_catalogue_names():
         assert default(keras.layers.LayerNormalization, "epsilon") == 1e-3
         assert default(keras.ops.gelu, "approximate") is True
         assert default(keras.optimizers.Adam, "epsilon") == 1e-7
-        assert "1e-3" in BY_KEY["layer_norm_eps_keras"].default
-        assert "1e-7" in BY_KEY["adam_default_epsilon_keras"].default
+        assert "1e-3" in REGISTRY["layer_norm_eps_keras"].default
+        assert "1e-7" in REGISTRY["adam_default_epsilon_keras"].default
     if unavailable_reason("jax") is None:
         backend_or_skip("jax")
         import jax

@@ -1,14 +1,15 @@
-"""docs/FORMAT.md agrees with the code: its generated tables are what the code generates now."""
+"""docs/ agrees with the code: its generated tables and pages are what tools/docs generates now."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+from tools.docs import build
 from transformer_rosetta.adapter.backends import unavailable_reason
-from transformer_rosetta.app import docs
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import canonical_specs
 
@@ -18,15 +19,13 @@ def test_generated_tables_are_current():
     missing = {n: r for n in ("torch", "tf", "jax") if (r := unavailable_reason(n))}
     if missing:
         pytest.skip(f"the native-name table needs every framework: {missing}")
-    for doc, generators in docs.DOCUMENTS.items():
+    for doc, generators in build.DOCUMENTS.items():
         text = doc.read_text()
-        assert docs.render(text, generators) == text, (
-            f"{doc} is stale: run python -m transformer_rosetta.app.docs"
-        )
+        assert build.render(text, generators) == text, f"{doc} is stale: run python -m tools.docs"
 
 
 def test_every_name_the_code_can_produce_is_documented():
-    documented = set(re.findall(r"^\| `([a-z_.{}]+)` \| `\[", docs.DOC.read_text(), re.M))
+    documented = set(re.findall(r"^\| `([a-z_.{}]+)` \| `\[", build.DOC.read_text(), re.M))
     variants = [
         TransformerConfig(num_encoder_layers=2, num_decoder_layers=3),
         TransformerConfig(
@@ -49,44 +48,44 @@ def test_a_stale_block_is_detected():
     imports every framework's weights.py (tf_impl's needs Keras on TensorFlow), so it is left out
     when a framework is missing (test_generated_tables_are_current skips with the reason then)
     instead of failing on the import; the edited block is checked either way."""
-    text = docs.DOC.read_text()
+    text = build.DOC.read_text()
     row = "`[d_model, h, d_k]` | an encoder"
     edited = text.replace(row, "`[h, d_k]` | an encoder", 1)
     assert edited != text, "the row this test edits is gone from docs/FORMAT.md"
     missing = {n: r for n in ("torch", "tf", "jax") if (r := unavailable_reason(n))}
-    generators = dict(docs.GENERATORS)
+    generators = dict(build.GENERATORS)
     if missing:
         del generators["native_names"]
-    assert docs.render(edited, generators) != edited
-    names_only = {"names": docs.GENERATORS["names"]}
-    assert docs.render(edited, names_only) == docs.render(text, names_only), (
+    assert build.render(edited, generators) != edited
+    names_only = {"names": build.GENERATORS["names"]}
+    assert build.render(edited, names_only) == build.render(text, names_only), (
         "rendering did not put the edited row back"
     )
 
 
 def test_the_rosetta_pages_are_current():
-    """docs/ROSETTA.md's blocks and docs/rosetta.html whole are what the markers in the three
-    implementations and docs/divergences.json give now. Neither needs a framework: the markers
-    are read as text and the catalogue's numbers come from the JSON that `--measure` wrote."""
-    text = docs.ROSETTA_DOC.read_text()
-    assert docs.render(text, docs.ROSETTA_GENERATORS) == text, (
-        f"{docs.ROSETTA_DOC} is stale: run python -m transformer_rosetta.app.docs"
+    """docs/ROSETTA.md's blocks and docs/rosetta.html whole are what the excerpts of the three
+    implementations and docs/divergences.json give now. Neither needs a framework: the sources
+    are parsed, not run, and the catalogue's numbers come from the JSON that `--measure` wrote."""
+    text = build.ROSETTA_DOC.read_text()
+    assert build.render(text, build.ROSETTA_GENERATORS) == text, (
+        f"{build.ROSETTA_DOC} is stale: run python -m tools.docs"
     )
-    for path, generate in docs.WHOLE_FILES.items():
+    for path, generate in build.WHOLE_FILES.items():
         assert path.exists() and generate() == path.read_text(), (
-            f"{path} is stale: run python -m transformer_rosetta.app.docs"
+            f"{path} is stale: run python -m tools.docs"
         )
 
 
 def test_an_edited_excerpt_makes_the_rosetta_page_stale(tmp_path, monkeypatch):
-    """The staleness check bites: one line changed in an implementation's marked code changes
+    """The staleness check bites: one line changed in an implementation's excerpted code changes
     both generated pages."""
-    from transformer_rosetta.app import idioms
+    from tools.docs import idioms
 
     for _, _, package in idioms.FRAMEWORKS:
         (tmp_path / package).mkdir()
         for name in idioms.IMPL_FILES:
-            source = docs.DOC.parents[1] / package / name
+            source = build.DOC.parents[1] / package / name
             if source.exists():
                 (tmp_path / package / name).write_text(source.read_text())
     model = tmp_path / "torch_impl" / "model.py"
@@ -96,41 +95,52 @@ def test_an_edited_excerpt_makes_the_rosetta_page_stale(tmp_path, monkeypatch):
     )
     assert edited != text, "the line this test edits is gone from torch_impl/model.py"
     model.write_text(edited)
-    before = docs.rosetta_concepts(), docs.rosetta_html()
+    before = build.rosetta_concepts(), build.rosetta_html()
     real = idioms.excerpts
-    from transformer_rosetta.app import rosetta_page
+    from tools.docs import rosetta_page
 
     monkeypatch.setattr(rosetta_page, "excerpts", lambda root=tmp_path: real(root))
-    after = docs.rosetta_concepts(), docs.rosetta_html()
+    after = build.rosetta_concepts(), build.rosetta_html()
     for old, new in zip(before, after, strict=True):
         assert "edited_by_the_test" not in old and "edited_by_the_test" in new
 
 
 def test_measure_names_what_it_measures():
-    assert docs._measure_kinds(["--measure"]) == ["parity", "divergences"]
-    assert docs._measure_kinds(["--measure", "divergences", "--check"]) == ["divergences"]
-    assert docs._measure_kinds(["--check"]) == []
+    assert build._measure_kinds(["--measure"]) == ["parity", "divergences"]
+    assert build._measure_kinds(["--measure", "divergences", "--check"]) == ["divergences"]
+    assert build._measure_kinds(["--check"]) == []
     with pytest.raises(SystemExit, match="--measure: unknown 'speed'; give parity or divergences"):
-        docs._measure_kinds(["--measure", "speed"])
+        build._measure_kinds(["--measure", "speed"])
 
 
-def test_the_docs_tools_find_the_checkout_from_the_working_directory(tmp_path):
-    """The generators read the repository, never the installed package's location: inside a
-    checkout they find its root from any folder of it; outside one they stop with one line."""
+def test_the_docs_tools_read_the_checkout_that_holds_them(tmp_path):
+    """tools/ is never installed: the checkout is the folder that holds it, and the package the
+    tools import must be that checkout's common/. Run otherwise, they stop with one line that
+    says why, before any work."""
     import subprocess
     import sys
 
-    from transformer_rosetta.app.checkout import checkout
+    from tools.docs.checkout import ROOT, CheckoutError, check
 
     root = Path(__file__).resolve().parents[1]
-    assert checkout(root / "docs") == root
+    assert check() == ROOT == root
+    with pytest.raises(CheckoutError, match="is not a checkout of transformer-rosetta"):
+        check(tmp_path)
+    # Another transformer_rosetta first on the path (an older install, say): the tables would
+    # describe its code, not the checkout's.
+    (tmp_path / "transformer_rosetta").mkdir()
+    (tmp_path / "transformer_rosetta" / "__init__.py").write_text("")
     result = subprocess.run(
-        [sys.executable, "-m", "transformer_rosetta.app.docs", "--check"],
+        [sys.executable, "-m", "tools.docs", "--check"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
         timeout=120,
     )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert "not inside a checkout of transformer-rosetta" in lines[0]
+    assert (
+        f"transformer_rosetta is imported from {tmp_path.resolve()}/transformer_rosetta" in lines[0]
+    )
+    assert "pip install -e ." in lines[0]

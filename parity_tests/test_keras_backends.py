@@ -12,11 +12,13 @@ float64 on the same float32-rounded weights. The bound is the project's float32 
 `atol_for("float32", config)` from common/spec/tolerances.py (1e-5 at this tiny size). One config
 only: under JAX every new shape compiles its ops, which is most of the subprocess's time.
 
-In the same subprocess it checks that importing transformer_rosetta.tf_impl.model pinned full float32 products: the
-backend's switch is first set to TF32, then the import must have put it back to full precision
-(`jax_default_matmul_precision` "highest"; torch's `fp32_precision` "ieee" for both cuBLAS and
-cuDNN). Without that a user calling the layers directly gets TF32 products on an Ampere or later
-GPU (1.7e-3 from the oracle, measured on an H100 under KERAS_BACKEND=jax; see tf_impl/model.py).
+In the same subprocess it checks the precision switch (tf_impl/precision.py): the backend's
+switch is first set to TF32; importing transformer_rosetta.tf_impl.model must leave it so (no
+import-time side effect), and the model then runs inside `matmul_precision("highest")`, which
+must read full precision (`jax_default_matmul_precision` "highest"; torch's `fp32_precision`
+"ieee" for both cuBLAS and cuDNN) and put TF32 back on exit. Without that block a user calling
+the layers directly gets TF32 products on an Ampere or later GPU (1.7e-3 from the oracle,
+measured on an H100 under KERAS_BACKEND=jax; 7.7e-7 inside it).
 
 Each test prints the device its backend ran on (run pytest with -s to see it) and asserts that it
 is a GPU whenever that backend sees one.
@@ -47,7 +49,7 @@ import sys
 import keras
 
 backend = keras.backend.backend()
-# Turn TF32 on first, so that the import below has to be what turns it off.
+# Turn TF32 on first: the import below must leave it on, and only matmul_precision turn it off.
 if backend == "jax":
     import jax
 
@@ -58,16 +60,22 @@ elif backend == "torch":
     torch.backends.cuda.matmul.fp32_precision = "tf32"
     torch.backends.cudnn.fp32_precision = "tf32"
 
-import transformer_rosetta.tf_impl.model  # noqa: F401  (pins full float32 products at import)
 
-if backend == "jax":
-    pinned = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
-    gpus = [str(d) for d in jax.devices() if d.platform != "cpu"]
-else:
-    pinned = {
+def switches():
+    if backend == "jax":
+        return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+    return {
         "torch.backends.cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
         "torch.backends.cudnn.fp32_precision": torch.backends.cudnn.fp32_precision,
     }
+
+
+import transformer_rosetta.tf_impl.model  # noqa: F401  (must change no switch)
+
+after_import = switches()
+if backend == "jax":
+    gpus = [str(d) for d in jax.devices() if d.platform != "cpu"]
+else:
     gpus = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 import numpy as np
@@ -75,6 +83,7 @@ import numpy as np
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.weights.format import load_weights
 from parity_tests.vectors.make_vectors import HERE
+from transformer_rosetta.tf_impl.precision import matmul_precision
 from transformer_rosetta.tf_impl.weights import load_canonical, new_model
 
 
@@ -86,6 +95,7 @@ def device_of(x):
 
 results = []
 devices = set()
+pinned = {}
 for name in json.loads(sys.argv[1]):
     stored = load_weights(HERE / f"{name}.safetensors")
     config = stored.config
@@ -96,7 +106,9 @@ for name in json.loads(sys.argv[1]):
     model = new_model(config, "float32")
     load_canonical(model, stored.tensors)
     for attention in (True, False):
-        got = model(src, tgt_in, training=False, return_attention=attention)
+        with matmul_precision("highest"):  # full float32 products, as a backend model runs
+            pinned = switches()
+            got = model(src, tgt_in, training=False, return_attention=attention)
         devices.add(device_of(got["logits"]))
         keys = ["encoder_hidden_states", "decoder_hidden_states"]
         if attention:
@@ -119,8 +131,9 @@ for name in json.loads(sys.argv[1]):
             {"vector": name, "attention": attention, "max_abs": worst, "where": where,
              "compared": len(pairs), "dtypes": sorted(dtypes)}
         )
-print(json.dumps({"backend": backend, "pinned": pinned, "gpus": gpus,
-                  "devices": sorted(devices), "results": results}))
+print(json.dumps({"backend": backend, "after_import": after_import, "pinned": pinned,
+                  "restored": switches(), "gpus": gpus, "devices": sorted(devices),
+                  "results": results}))
 """
 
 EXPECTED_PINS = {
@@ -128,6 +141,14 @@ EXPECTED_PINS = {
     "torch": {
         "torch.backends.cuda.matmul.fp32_precision": "ieee",
         "torch.backends.cudnn.fp32_precision": "ieee",
+    },
+}
+# What the script sets before importing the model: TF32, which the import must leave alone.
+TF32 = {
+    "jax": {"jax_default_matmul_precision": "tensorfloat32"},
+    "torch": {
+        "torch.backends.cuda.matmul.fp32_precision": "tf32",
+        "torch.backends.cudnn.fp32_precision": "tf32",
     },
 }
 
@@ -167,10 +188,15 @@ def test_keras_model_matches_the_oracle_on_its_default_device(backend):
         pytest.skip(reason)
     report = run_keras_on(backend)
     assert report["backend"] == backend
+    assert report["after_import"] == TF32[backend], (
+        f"importing transformer_rosetta.tf_impl.model changed the matmul precision under "
+        f"{backend}: {report['after_import']}"
+    )
     assert report["pinned"] == EXPECTED_PINS[backend], (
-        f"importing transformer_rosetta.tf_impl.model did not pin full float32 products under {backend}: "
+        f"matmul_precision('highest') did not pin full float32 products under {backend}: "
         f"{report['pinned']}"
     )
+    assert report["restored"] == TF32[backend], report["restored"]
     # Outputs live on the backend's default device: a GPU whenever the backend sees one.
     devices = report["devices"]
     print(f"\nKeras on {backend}: ran on {', '.join(devices)} (GPUs visible: {report['gpus']})")

@@ -62,9 +62,12 @@ def test_the_wheel_installs_only_transformer_rosetta(tmp_path):
 
 def test_mypy_is_clean_on_the_installed_package(tmp_path):
     """mypy (pyproject's [tool.mypy]) on transformer_rosetta as a wheel lays it out: mypy cannot
-    follow setuptools' editable finder, so it reads the symlinked layout. ~10 s with no cache."""
+    follow setuptools' editable finder, so it reads the symlinked layout. The docs generator
+    (tools/, run from a checkout, never installed) is checked beside it, as it imports the
+    package. ~10 s with no cache."""
     import_or_skip("mypy", "the type check needs mypy (the test extra; .ci/install has it)")
     site = installed_layout(tmp_path / "site")
+    (site / "tools").symlink_to(ROOT / "tools")
     run = subprocess.run(
         [
             sys.executable,
@@ -77,6 +80,8 @@ def test_mypy_is_clean_on_the_installed_package(tmp_path):
             "--no-error-summary",
             "-p",
             PACKAGE,
+            "-p",
+            "tools",
         ],
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
-"""docs/ROSETTA.md's concept sections and docs/rosetta.html (common/app/rosetta_page.py), built
-from a small fake excerpt table and catalogue, so these tests do not depend on the markers in the
+"""docs/ROSETTA.md's concept sections and docs/rosetta.html (tools/docs/rosetta_page.py), built
+from a small fake excerpt table and catalogue, so these tests do not depend on the excerpts of the
 implementations or on docs/divergences.json (test_docs.py checks that the real pages are fresh).
 
 Without a browser: the page's structure, its escaping, and that it loads nothing from the network.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_rosetta.app import rosetta_page
-from transformer_rosetta.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
+from tools.docs import rosetta_page
+from tools.docs.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts, whole
 
 WIDTH, HEIGHT = 1366, 900
 ORDER = [f for f, _, _ in FRAMEWORKS]
@@ -148,22 +148,21 @@ def dom(page) -> Node:
 # -- docs/ROSETTA.md ------------------------------------------------------------------------------
 
 
-def _marked(key: str, framework: str, n: int = 1) -> str:
-    return "\n".join(
-        f"    # rosetta: {key}\n    def {key}_{framework}_{k}(x):\n        return x\n    # rosetta: end"
-        for k in range(n)
-    )
+def _methods(key: str, framework: str, n: int) -> list[str]:
+    return [f"{key}_{framework}_{k}" for k in range(n)]
 
 
-def test_concepts_markdown_shows_the_marked_code_side_by_side(tmp_path):
+def test_concepts_markdown_shows_the_named_code_side_by_side(tmp_path):
+    cuts: dict[str, dict[str, tuple]] = {c.key: {} for c in CONCEPTS}
     for framework, _, package in FRAMEWORKS:
         (tmp_path / package).mkdir()
-        body = "\n".join(
-            _marked(c.key, framework, n=2 if (c.key, framework) == ("cache", "jax") else 1)
-            for c in CONCEPTS
-        )
-        (tmp_path / package / "model.py").write_text("class M:\n" + body + "\n")
-    table = excerpts(tmp_path)
+        body = []
+        for c in CONCEPTS:
+            names = _methods(c.key, framework, n=2 if (c.key, framework) == ("cache", "jax") else 1)
+            body += [f"    def {name}(x):\n        return x\n" for name in names]
+            cuts[c.key][framework] = tuple(whole("model.py", f"M.{name}") for name in names)
+        (tmp_path / package / "model.py").write_text("class M:\n" + "\n".join(body))
+    table = excerpts(tmp_path, cuts)
     text = rosetta_page.concepts_markdown(table)
     assert text == rosetta_page.concepts_markdown(table)  # deterministic
     assert re.findall(r"^## (.*)$", text, re.M) == [c.title for c in CONCEPTS]
@@ -277,7 +276,7 @@ def test_the_page_is_deterministic_and_names_its_pygments(page):
 
     assert page == rosetta_page.html_page(fake_table(), CATALOGUE)
     assert f"Pygments {pygments.__version__}" in page
-    assert "python -m transformer_rosetta.app.docs" in page
+    assert "python -m tools.docs" in page
 
 
 def test_screenshot_without_a_browser_exits_2_naming_the_install(monkeypatch, capsys, tmp_path):

@@ -33,9 +33,9 @@ TORCH_STATE_DICT = "torch's native container is the state_dict; these map it to 
 KERAS_PATHS = "Keras addresses variables by path inside the built model; these map the paths"
 ONLY_IN: dict[tuple[str, str], str] = {
     # model.py
-    ("torch_impl", "model.LayerCache"): "torch updates the cache's buffers in place (index_copy_); "
-    "tf and jax pass a dict of arrays and get a new one back",
-    ("torch_impl", "model.LayerCache.update"): "the in-place write of torch's LayerCache",
+    ("torch_impl", "model.LayerCache"): "torch decodes in eager Python: a layer's cache is a "
+    "dataclass of buffers that write_cache fills in place; tf.function and jax.jit take a cache "
+    "as a nested dict of arrays",
     ("tf_impl", "model.HeadProjection"): "Keras 3.15's TensorFlow ops.add adds a per-head bias "
     "along the wrong axis; this EinsumDense adds it with +",
     ("tf_impl", "model.HeadProjection.__call__"): "the call of that workaround",
@@ -89,14 +89,6 @@ ONLY_IN: dict[tuple[str, str], str] = {
     "(nn.Transformer, Marian .bin) for common/porting",
     ("torch_impl", "backend.Backend.export_onnx"): "only torch ships an ONNX exporter "
     "(torch_impl/onnx_export.py); its graph serves all three",
-    ("torch_impl", "backend.Backend.load_bert"): "transformers' BertModel is a torch module: "
-    "convert --verify runs a BERT folder through torch",
-    ("torch_impl", "backend.Backend.bert_hidden_states"): "the BERT folder's hidden states, for "
-    "convert --verify (see load_bert)",
-    ("torch_impl", "backend.Backend.load_marian"): "transformers' MarianMTModel is a torch "
-    "module: convert --verify runs a Marian folder through torch",
-    ("torch_impl", "backend.Backend.marian_logits"): "the Marian folder's logits, for "
-    "convert --verify (see load_marian)",
     ("tf_impl", "backend.tf_device"): "TensorFlow places work by device name ('/GPU:0')",
     ("jax_impl", "backend.jax_device"): "JAX places arrays on jax.Device objects",
     ("tf_impl", "backend.Model.decode_functions"): "the tf.function traces live with their "

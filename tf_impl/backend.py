@@ -35,7 +35,8 @@ from transformer_rosetta.tf_impl.decode import (  # noqa: E402
     step_function,
     top_k_log_probs,
 )
-from transformer_rosetta.tf_impl.model import Transformer, matmul_precision  # noqa: E402
+from transformer_rosetta.tf_impl.model import Transformer  # noqa: E402
+from transformer_rosetta.tf_impl.precision import matmul_precision  # noqa: E402
 from transformer_rosetta.tf_impl.train import (  # noqa: E402
     Adam,
     canonical_grads,
@@ -54,19 +55,12 @@ from transformer_rosetta.tf_impl.weights import (  # noqa: E402
 )
 from transformer_rosetta.weights.format import check_tensors  # noqa: E402
 
-_ATTENTION_KEYS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
-_HIDDEN_KEYS = ("encoder_hidden_states", "decoder_hidden_states")
 
-
-# rosetta: device
 # idiom: TensorFlow places work by device name in a tf.device scope
 def tf_device(device: str) -> str:
     """'cpu' -> '/CPU:0', 'gpu:N' -> '/GPU:N'."""
     kind, _, index = device.partition(":")
     return f"/{kind.upper()}:{index or 0}"
-
-
-# rosetta: end
 
 
 def to_numpy(x: tf.Tensor) -> np.ndarray:
@@ -216,15 +210,8 @@ class KerasModel:
                 out = self._compiled_forward(attention)(_tensor(src), _tensor(tgt_in))
             else:
                 out = self.module(src, tgt_in, return_attention=attention, training=False)
-        lists = {}
-        for key in _ATTENTION_KEYS if attention else ():
-            lists[key] = [to_numpy(a) for a in out[key]]
-        for key in _HIDDEN_KEYS if hidden_states else ():
-            lists[key] = [to_numpy(h) for h in out[key]]
-        # A half of the family lacks some: logits (encoder-only), encoder_output (decoder-only).
-        whole = {key: out[key] for key in ("logits", "encoder_output", "pooled_output")}
-        return ForwardOutput(
-            **{key: None if x is None else to_numpy(x) for key, x in whole.items()}, **lists
+        return ForwardOutput.from_model(
+            out, to_numpy, attention=attention, hidden_states=hidden_states
         )
 
     # idiom: tf.function traces live with their function; the tests count them
@@ -311,7 +298,6 @@ class KerasModel:
                 self._optimizer.learning_rate = noam_schedule(self.config.d_model, warmup, factor)
                 model, optimizer = self.module, self._optimizer
 
-                # rosetta: compilation
                 # idiom: one tf.function per schedule, baked into its trace (relaxed to any
                 # shape once a second shape comes); XLA per concrete shape with train_jit_compile
                 @tf.function(
@@ -319,8 +305,6 @@ class KerasModel:
                 )
                 def compiled(src: tf.Tensor | None, tgt_in: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
                     return train_step(model, optimizer, src, tgt_in, tgt)
-
-                # rosetta: end
 
                 self._train_fns[key] = compiled
             step = self._train_fns[key]

@@ -1,24 +1,24 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) as Keras 3 layers.
 
-The math is written only in `keras.ops`, so this file runs unchanged on Keras's TensorFlow (the
-one we ship), JAX and PyTorch backends. It imports no framework below Keras, except to set the
-backend's matmul precision (`matmul_precision`), which Keras has no switch for. Each class stores its
-arguments in `__init__`, creates its weights in `build()` and computes in
-`call(..., training=None)`. Masks are explicit boolean arguments (True = may attend); Keras's
-implicit mask propagation is never used.
+Each layer stores its arguments in `__init__`, creates its weights in `build()` and computes in
+`call(..., training=None)`; train mode is that argument, passed down every call. The math is
+written only in `keras.ops`, so this file runs unchanged on Keras's TensorFlow (the one we ship),
+JAX and PyTorch backends, and imports no framework below Keras. Layer names are chosen so that a
+variable's `.path` is its canonical name (common/spec/names.py) with "/" for "." under the
+model's own name; tf_impl/weights.py relies on that rule.
 
-Layer names are chosen so that a variable's `.path` is its canonical name (common/spec/names.py) with
-"/" for "." under the model's own name; tf_impl/weights.py relies on that rule.
+Masks are boolean, True = may attend, built by the small pure functions below, which mirror
+common/spec/masks.py, and shaped to broadcast against the scores (B, h, T_q, T_k). They are
+explicit arguments: Keras's implicit mask propagation is never used.
 
-Shapes: B batch, S source length, T target length, d d_model, h heads, k = d_k = d_model / h,
-V vocabulary.
+Shapes: B batch, S source length, T target length, L positions at hand, d = d_model, h heads,
+d_k = d / h (or the config's key_dim), V vocabulary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -26,43 +26,38 @@ import numpy as np
 from keras import layers, ops
 
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
-# -- masks: small pure functions mirroring common/spec/masks.py (boolean, True = may attend) ---------
+# -- masks (mirrors of common/spec/masks.py) ------------------------------------------------------
 
 
-# rosetta: masks
 def key_padding_mask(ids: Any, pad_id: int) -> Any:
-    """[B, 1, 1, K]: a key may be attended iff it is not padding."""
+    """(B, 1, 1, T_k): a key may be attended iff it is not padding."""
     return ops.not_equal(ids, pad_id)[:, None, None, :]
 
 
 def decoder_key_padding_mask(ids: Any, pad_id: int) -> Any:
-    """[B, 1, 1, T]: as key_padding_mask, but position 0 (BOS, which may equal pad) is always
-    visible."""
-    first = ops.equal(ops.arange(ops.shape(ids)[1]), 0)[None, :]  # (1, T)
+    """(B, 1, 1, T): as key_padding_mask, but position 0 is always visible: it holds BOS, and some
+    models (Marian) use the pad id as BOS."""
+    first = ops.equal(ops.arange(ops.shape(ids)[1]), 0)  # (T,)
     return ops.logical_or(ops.not_equal(ids, pad_id), first)[:, None, None, :]
 
 
 def causal_mask(length: int) -> Any:
-    """[1, 1, T, T]: query i may attend key j iff j <= i (section 3.2.3)."""
-    positions = ops.arange(length)
-    return ops.greater_equal(positions[:, None], positions[None, :])[None, None]
+    """(1, 1, T, T): query i may attend key j iff j <= i (section 3.2.3)."""
+    return ops.tril(ops.ones((length, length), dtype="bool"))[None, None]
 
 
 def decoder_self_mask(tgt_in: Any, pad_id: int) -> Any:
-    """[B, 1, T, T]: decoder self-attention is causal and skips padding."""
+    """(B, 1, T, T): decoder self-attention is causal and skips padding."""
     return ops.logical_and(
         decoder_key_padding_mask(tgt_in, pad_id), causal_mask(ops.shape(tgt_in)[1])
     )
 
 
-# rosetta: end
+# -- positions, activations -----------------------------------------------------------------------
 
 
-# -- positions, activations, precision --------------------------------------------------------
-
-
+# idiom: rows computed in the graph, in the dtype asked for, for the positions at hand
 def sinusoidal_positions(
     length: int,
     d_model: int,
@@ -70,11 +65,11 @@ def sinusoidal_positions(
     dtype: str,  # idiom: keras.ops picks no float64 by itself
     start: Any = None,  # idiom: a tensor position, so a compiled decode step does not retrace
 ) -> Any:
-    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same),
+    one row per position, (length, d_model), for any length: sinusoids extrapolate past max_len.
 
-    Rows for positions start..start+length-1 (start None: from 0), computed for the positions at
-    hand, so they extrapolate past max_len. Deviation, flagged: layout "concatenated" puts every
-    sin first, then every cos (tensor2tensor, Marian).
+    Deviation, flagged: layout "concatenated" (tensor2tensor, Marian) puts every sin first, then
+    every cos, with the same frequencies. Any other layout is a ValueError.
     """
     # rosetta: positions
     pos = ops.arange(length, dtype=dtype)[:, None]  # (L, 1)
@@ -84,14 +79,14 @@ def sinusoidal_positions(
     angle = pos / ops.power(ops.cast(10000.0, dtype), two_i / d_model)  # (L, d/2)
     if layout == "interleaved":
         return ops.reshape(ops.stack([ops.sin(angle), ops.cos(angle)], axis=-1), (length, d_model))
-    return ops.concatenate([ops.sin(angle), ops.cos(angle)], axis=-1)
+    if layout == "concatenated":
+        return ops.concatenate([ops.sin(angle), ops.cos(angle)], axis=-1)
     # rosetta: end
+    raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
-# GELU is written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants pass
-# through float32 (errors ~5e-9 in a float64 model).
-
-
+# idiom: GELU written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants
+# pass through float32 (errors ~5e-9 in a float64 model)
 def _gelu(x: Any) -> Any:
     """x Phi(x) with the exact erf."""
     return 0.5 * x * (1.0 + ops.erf(x / math.sqrt(2.0)))
@@ -104,77 +99,23 @@ def _gelu_tanh(x: Any) -> Any:
 
 
 ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
-    "relu": ops.relu,  # max(0, x), Eq. (2)
-    "gelu": _gelu,  # deviation, flagged: for ported models
-    "gelu_tanh": _gelu_tanh,
+    "relu": ops.relu,  # Eq. (2): max(0, x)
+    "gelu": _gelu,  # deviation, flagged (ported models): x Phi(x), the exact erf form
+    "gelu_tanh": _gelu_tanh,  # GELU's tanh approximation
 }
 
 
-def statistics_dtype(dtype: str) -> str:
-    """Softmax and positions run in float32 or wider, even when the model computes in bfloat16."""
-    return "float64" if dtype == "float64" else "float32"
+def statistics_dtype(dtype: Any) -> str:
+    """float32 or wider: the dtype that the softmax, the norms' statistics and the pooling sums
+    run in, even when the model computes in bfloat16."""
+    return keras.backend.result_type(dtype, "float32")
 
 
-# idiom: Keras has no matmul precision of its own; the backend below it has one (and JAX's
-# default on a GPU is TF32), so model.py sets that backend's switch itself, on every backend.
-def _set_matmul_precision(precision: str) -> Callable[[], None]:
-    """Set the Keras backend's float32 product precision (common/spec/precision.py); returns
-    what restores the previous setting."""
-    tf32 = check_precision(precision) == "tf32"
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        saved = jax.config.jax_default_matmul_precision
-        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if tf32 else "highest")
-        return lambda: jax.config.update("jax_default_matmul_precision", saved)
-    if backend == "torch":
-        import torch
-
-        switches = (torch.backends.cuda.matmul, torch.backends.cudnn)
-        saved_modes = [s.fp32_precision for s in switches]
-        for switch in switches:
-            switch.fp32_precision = "tf32" if tf32 else "ieee"
-
-        def restore() -> None:
-            for switch, mode in zip(switches, saved_modes, strict=True):
-                switch.fp32_precision = mode
-
-        return restore
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        was = tf.config.experimental.tensor_float_32_execution_enabled()
-        tf.config.experimental.enable_tensor_float_32_execution(tf32)
-        return lambda: tf.config.experimental.enable_tensor_float_32_execution(was)
-    return lambda: None  # numpy/openvino backends: no reduced-precision float32 products
+# -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# rosetta: device
-@contextlib.contextmanager
-def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
-    """float32 products in `precision` (common/spec/precision.py) while the block runs, under
-    whichever backend Keras runs on; the previous setting is restored on exit."""
-    restore = _set_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        restore()
-
-
-# rosetta: end
-
-
-# Importing the model pins full float32 products for the process, under every Keras backend: the
-# parity bounds assume them, and a user calling these layers directly never goes through a
-# backend adapter that would set them (measured on an H100 under KERAS_BACKEND=jax: 1.7e-3 from
-# the oracle in float32 logits without this, 7.7e-7 with it).
-_set_matmul_precision(DEFAULT_PRECISION)
-
-
-# -- attention (Eq. 1) ------------------------------------------------------------------------
-
-
+# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, h, d_k): the layout of
+# EinsumDense's projections and of keras.ops.dot_product_attention
 def explicit_attention(
     q: Any,
     k: Any,
@@ -183,83 +124,84 @@ def explicit_attention(
     dropout: layers.Dropout,
     training: bool | None = None,  # idiom: a Keras Dropout takes `training` per call
 ) -> tuple[Any, Any]:
-    """Eq. (1), section 3.2.1: softmax(Q K^T / sqrt(d_k)) V, with the probabilities kept.
+    """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
+    kept.
 
-    q (B, T, h, k), k and v (B, S, h, k): Keras's head layout (EinsumDense's), heads after the
-    positions; mask broadcastable to (B, h, T, S). Returns (context (B, T, h, k), the
-    post-softmax, pre-dropout probabilities (B, h, T, S)). Masked scores get the finite minimum
-    of the softmax dtype (never -inf, which turns a fully masked row into NaN); probabilities are
-    then zeroed where the mask is False.
+    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
+    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
+    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
+    (statistics_dtype), and the probabilities are rounded to q's dtype once.
+
+    Deviation, flagged: masked scores get the finite minimum of the softmax dtype (never -inf,
+    which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
+    a query with no allowed key (a fully padded source) gets a zero context.
     """
-    # rosetta: attention
-    dtype = keras.backend.standardize_dtype(q.dtype)  # the layer's compute dtype
-    softmax_dtype = statistics_dtype(dtype)
-    scores = ops.einsum("btnk,bsnk->bnts", q, k) / math.sqrt(q.shape[-1])  # (B, h, T, S)
-    scores = ops.cast(scores, softmax_dtype)
-    scores = ops.where(mask, scores, float(np.finfo(softmax_dtype).min))
-    # softmax written out (as the oracle does) rather than ops.softmax, which warns on every
-    # length-1 key axis, a case the tests use on purpose.
-    weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
-    probs = ops.where(mask, weights / ops.sum(weights, axis=-1, keepdims=True), 0.0)
-    probs = ops.cast(probs, dtype)
-    context = ops.einsum("bnts,bsnk->btnk", dropout(probs, training=training), v)
-    return context, probs  # (B, T, h, k), (B, h, T, S)
-    # rosetta: end
+    scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+    wide = statistics_dtype(scores.dtype)
+    scores = ops.cast(scores, wide)
+    scores = ops.where(mask, scores, float(np.finfo(wide).min))
+    # idiom: softmax written out (as the oracle does) rather than ops.softmax, which warns on
+    # every length-1 key axis, a case the tests use on purpose
+    exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    probs = ops.cast(ops.where(mask, exp / ops.sum(exp, axis=-1, keepdims=True), 0.0), q.dtype)
+    context = ops.einsum("bhqk,bkhd->bqhd", dropout(probs, training=training), v)
+    return context, probs
 
 
 def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
-    """Eq. (1) through keras.ops.dot_product_attention (XLA-style kernel on TF and JAX, SDPA on
-    torch), in explicit_attention's (B, T, h, k) layout; returns the context (B, T, h, k). Its
-    masked rows with no allowed key come out uniform (or NaN on some kernels); they are set to
-    zero here, as on the explicit path."""
-    # rosetta: attention
+    """Eq. (1) by the framework's fused attention kernel, which never materialises the
+    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
+    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
+    here, as on the explicit path."""
+    # idiom: the kernel is keras.ops.dot_product_attention (XLA's on TensorFlow and JAX, SDPA on
+    # torch)
     # 1/sqrt(d_k) is applied to q here, not passed as `scale`: the TF backend turns a Python
     # float scale into a float32 tensor, which costs float64 models ~1e-7, and the torch
     # backend takes no tensor scale.
     q = q / math.sqrt(q.shape[-1])
     context = ops.dot_product_attention(q, k, v, mask=mask, scale=1.0)
-    has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T|1, 1, 1)
-    return ops.where(has_key, context, ops.zeros_like(context))  # (B, T, h, k)
-    # rosetta: end
+    has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T_q or 1, 1, 1)
+    return ops.where(has_key, context, ops.zeros_like(context))
 
 
-# -- sublayer wiring (section 3.1) ------------------------------------------------------------
+# -- sublayer wiring (section 3.1) ----------------------------------------------------------------
 
 
-# rosetta: layer_norm
 def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.Layer:
-    """Ba et al. 2016, with epsilon from the config: Keras's default (1e-3) is a classic parity
-    bug. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
+    the paper's): population variance, eps inside the square root, statistics in float32 or
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
     if config.norm_kind == "std_plus_eps":
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, name=name, dtype=dtype)
+    # idiom: Keras's default epsilon is 1e-3 (a classic parity bug); its statistics are float32
+    # for bfloat16 inputs
     return layers.LayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
 
 
-# rosetta: end
-
-
 class StdPlusEpsNorm(layers.Layer):
-    """The Annotated Transformer's LayerNorm: gamma * (x - mean) / (std + eps) + beta, with the
+    """The Annotated Transformer's LayerNorm: scale * (x - mean) / (std + eps) + bias, with the
     unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
-    Weights are named as LayerNormalization's (gamma, beta): the same variable paths."""
+    Its parameters carry the names of the framework's own LayerNorm, so the checkpoint names do
+    not depend on the kind."""
 
     def __init__(self, d_model: int, eps: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.d_model, self.eps = d_model, eps
 
     def build(self, input_shape: tuple) -> None:
+        # idiom: LayerNormalization's names: gamma (the scale) and beta (the bias)
         self.gamma = self.add_weight(shape=(self.d_model,), initializer="ones", name="gamma")
         self.beta = self.add_weight(shape=(self.d_model,), initializer="zeros", name="beta")
 
     def call(self, x: Any) -> Any:
-        # Statistics in float32 or wider (bfloat16 inputs), as LayerNormalization keeps them.
-        dtype = statistics_dtype(keras.backend.standardize_dtype(x.dtype))
-        y = ops.cast(x, dtype)
+        # Statistics in float32 or wider (bfloat16 inputs), as the framework's LayerNorm keeps them.
+        y = ops.cast(x, statistics_dtype(x.dtype))
+        # idiom: keras.ops.std has no ddof: the unbiased (n - 1) standard deviation written out
         centred = y - ops.mean(y, axis=-1, keepdims=True)
         std = ops.sqrt(ops.sum(centred * centred, axis=-1, keepdims=True) / (self.d_model - 1))
         y = centred / (std + self.eps)
-        y = y * ops.cast(self.gamma, dtype) + ops.cast(self.beta, dtype)
-        return ops.cast(y, x.dtype)
+        return ops.cast(y * ops.cast(self.gamma, y.dtype) + ops.cast(self.beta, y.dtype), x.dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "d_model": self.d_model, "eps": self.eps}
@@ -273,24 +215,24 @@ def residual(
     pre_norm: bool,
     training: bool | None = None,  # idiom: a Keras Dropout takes `training` per call
 ) -> tuple[Any, Any]:
-    """Section 3.1: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation, flagged:
-    pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
+    """Sections 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation,
+    flagged: pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
 
-    `sublayer` maps its input to (output, extra); returns (new x, extra)."""
-    # rosetta: residual
+    `sublayer` maps its input to (output, extra); returns (the new x, extra), extra (attention
+    probabilities, say) passed through."""
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out, training=training)
     return (x if pre_norm else norm(x)), extra
-    # rosetta: end
 
 
-# -- layers -----------------------------------------------------------------------------------
+# -- layers ---------------------------------------------------------------------------------------
 
 
 def _config_from(value: TransformerConfig | dict) -> TransformerConfig:
     return value if isinstance(value, TransformerConfig) else TransformerConfig.from_dict(value)
 
 
+# idiom: a Keras layer serialises its arguments (get_config), so that from_config can rebuild it
 class _ConfigLayer(layers.Layer):
     """A layer made from the model's config, which get_config serialises (so that Keras's
     from_config can rebuild it)."""
@@ -303,7 +245,6 @@ class _ConfigLayer(layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
-# rosetta: heads
 # idiom: works around Keras 3.15's TensorFlow ops.add, which adds a per-head bias along T
 class HeadProjection(layers.EinsumDense):
     """layers.EinsumDense with its bias added by `+` rather than `ops.add`.
@@ -319,22 +260,22 @@ class HeadProjection(layers.EinsumDense):
         return x if self.bias is None else x + ops.convert_to_tensor(self.bias, x.dtype)
 
 
-# rosetta: end
-
-
 class MultiHeadAttention(_ConfigLayer):
-    """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
-    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), with Attention from Eq. (1).
+    """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), and Attention from Eq. (1)
+    (explicit_attention, fused_attention).
 
-    Kernels keep heads as their own axis ([d, h, k] and [h, k, d]), which is EinsumDense's layout
-    and the canonical one, so no reshapes are needed. Deviation, flagged: a query with no allowed
-    key gets all-zero probabilities and a zero context (so the output is just W^O's bias).
+    The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
+    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
+    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
     """
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         c = self.config
         # rosetta: heads
+        # idiom: EinsumDense keeps heads as an axis, [d, h, d_k] and [h, d_k, d]: the canonical
+        # layout, with no reshapes
         bias = "nk" if c.attention_bias else None
         policy = self.dtype_policy
         shape = (None, c.num_heads, c.head_dim)
@@ -346,8 +287,8 @@ class MultiHeadAttention(_ConfigLayer):
             "bsd,dnk->bsnk", shape, bias_axes=bias, name="value", dtype=policy
         )
         # rosetta: end
-        # `output` is a read-only property of every Keras layer, hence the longer attribute name;
-        # the layer's name (and so its variables' paths) is still "output".
+        # idiom: `output` is a read-only property of every Keras layer, hence the longer
+        # attribute name; the layer's name (and so its variables' paths) is still "output"
         self.output_projection = HeadProjection(
             "btnk,nkd->btd",
             (None, c.d_model),
@@ -357,7 +298,6 @@ class MultiHeadAttention(_ConfigLayer):
         )
         self.dropout = layers.Dropout(c.attention_dropout, dtype=policy)
 
-    # rosetta: parameters
     def build(self, x_q_shape: tuple, x_kv_shape: tuple | None = None) -> None:
         x_kv_shape = x_q_shape if x_kv_shape is None else x_kv_shape
         self.query.build(x_q_shape)
@@ -365,14 +305,11 @@ class MultiHeadAttention(_ConfigLayer):
         self.value.build(x_kv_shape)
         self.output_projection.build((None, None, self.config.num_heads, self.config.head_dim))
 
-    # rosetta: end
-
     def keys_values(self, x_kv: Any) -> tuple[Any, Any]:
-        """K W^K_i and V W^V_i of Eq. (4) for x_kv (B, S, d), each (B, h, S, k): the layout of
-        the decode cache (tf_impl/decode.py), which keeps them instead of recomputing them."""
-        k = ops.transpose(self.key(x_kv), (0, 2, 1, 3))  # (B, h, S, k)
-        v = ops.transpose(self.value(x_kv), (0, 2, 1, 3))  # (B, h, S, k)
-        return k, v
+        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
+        decode cache keeps (decode.py), in the same layout in every implementation."""
+        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
+        return ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))  # (B, h, T_k, d_k)
 
     def call(
         self,
@@ -384,21 +321,20 @@ class MultiHeadAttention(_ConfigLayer):
         kv: tuple[Any, Any] | None = None,
         training: bool | None = None,
     ) -> tuple[Any, Any]:
-        """x_q (B, T, d), x_kv (B, S, d), mask broadcastable to (B, h, T, S).
+        """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        kv: keys and values projected already (`keys_values`, a decode cache), used instead of
-        projecting x_kv (which may then be None).
-        Returns (output (B, T, d), probabilities (B, h, T, S) or None on the fused path).
+        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
+        kernel, which never materialises them.
         """
-        q = self.query(x_q)  # (B, T, h, k)
+        q = self.query(x_q)  # (B, T_q, h, d_k)
         if kv is None:
-            k = self.key(x_kv)  # (B, S, h, k)
-            v = self.value(x_kv)  # (B, S, h, k)
-        else:
-            k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)  # (B, h, S, k) -> (B, S, h, k)
+            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
+        else:  # the cache's (B, h, T_k, d_k), back to (B, T_k, h, d_k)
+            k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)
         # rosetta: dropout
-        # idiom: the fused kernel (keras.ops) has no dropout on the probabilities, so training
-        # with attention dropout takes the explicit path.
+        # idiom: explicit also with live attention dropout (the fused kernel has none)
         if return_attention or (training and self.config.attention_dropout > 0):
             context, probs = explicit_attention(q, k, v, mask, self.dropout, training)
         else:
@@ -408,27 +344,29 @@ class MultiHeadAttention(_ConfigLayer):
 
 
 class FeedForward(_ConfigLayer):
-    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 "intermediate" and
-    W_2 "output". Deviation, flagged: GELU (exact erf, or its tanh form) for ported models."""
+    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
+    `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
+    its tanh approximation) instead of max(0, x) for ported models."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         c = self.config
         self.intermediate = layers.Dense(c.d_ff, name="intermediate", dtype=self.dtype_policy)
+        # idiom: `output` is a read-only property of every Keras layer (see MultiHeadAttention)
         self.output_projection = layers.Dense(c.d_model, name="output", dtype=self.dtype_policy)
+        self.activation = c.activation  # a key of ACTIVATIONS, looked up at each call
 
     def build(self, input_shape: tuple) -> None:
         self.intermediate.build(input_shape)
         self.output_projection.build((*input_shape[:-1], self.config.d_ff))
 
     def call(self, x: Any) -> Any:
-        hidden = self.intermediate(x)  # (B, L, d_ff)
-        return self.output_projection(ACTIVATIONS[self.config.activation](hidden))  # (B, L, d)
+        return self.output_projection(ACTIVATIONS[self.activation](self.intermediate(x)))
 
 
 class EncoderLayer(_ConfigLayer):
-    """Section 3.1, encoder layer: self-attention, then the feed-forward network, each in a
-    residual with LayerNorm."""
+    """Section 3.1, encoder layer: multi-head self-attention, then the position-wise feed-forward
+    network, each inside a residual connection with LayerNorm."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -438,6 +376,7 @@ class EncoderLayer(_ConfigLayer):
         self.self_attention_norm = layer_norm(c, name="self_attention_norm", dtype=policy)
         self.feed_forward = FeedForward(c, name="feed_forward", dtype=policy)
         self.feed_forward_norm = layer_norm(c, name="feed_forward_norm", dtype=policy)
+        self.pre_norm = c.norm_position == "pre"
 
     def build(self, input_shape: tuple) -> None:
         self.self_attention.build(input_shape)
@@ -453,8 +392,7 @@ class EncoderLayer(_ConfigLayer):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> tuple[Any, Any]:
-        """x (B, S, d), mask (B, 1, 1, S). Returns (x, self-attention probabilities or None)."""
-        pre = self.config.norm_position == "pre"
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
         x, probs = residual(
             x,
             lambda y: self.self_attention(
@@ -462,7 +400,7 @@ class EncoderLayer(_ConfigLayer):
             ),
             self.self_attention_norm,
             self.dropout,
-            pre,
+            self.pre_norm,
             training,
         )
         x, _ = residual(
@@ -470,16 +408,26 @@ class EncoderLayer(_ConfigLayer):
             lambda y: (self.feed_forward(y), None),
             self.feed_forward_norm,
             self.dropout,
-            pre,
+            self.pre_norm,
             training,
         )
         return x, probs
 
 
+def write_cache(buffer: Any, new: Any, index: Any) -> Any:
+    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
+    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    position's keys or values, for the queries to attend (those not written yet are masked)."""
+    # idiom: tensors are immutable: ops.slice_update returns a new buffer
+    return ops.slice_update(buffer, (0, 0, index, 0), new)
+
+
 class DecoderLayer(_ConfigLayer):
     """Section 3.1, decoder layer: masked self-attention, cross-attention over the encoder
-    output, then the feed-forward network, each in a residual with LayerNorm. A decoder-only
-    model's layer (GPT's) has no cross-attention: cross_attention and its norm are None."""
+    output, then the feed-forward network, each inside a residual connection with LayerNorm. A
+    decoder-only model's layer (GPT, Radford et al. 2018) has no encoder output to attend: no
+    cross-attention sublayer (cross_attention and its norm are None), and no parameters for one."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -487,12 +435,14 @@ class DecoderLayer(_ConfigLayer):
         self.dropout = layers.Dropout(c.dropout, dtype=policy)
         self.self_attention = MultiHeadAttention(c, name="self_attention", dtype=policy)
         self.self_attention_norm = layer_norm(c, name="self_attention_norm", dtype=policy)
-        self.cross_attention, self.cross_attention_norm = None, None
         if c.has_encoder:
             self.cross_attention = MultiHeadAttention(c, name="cross_attention", dtype=policy)
             self.cross_attention_norm = layer_norm(c, name="cross_attention_norm", dtype=policy)
+        else:
+            self.cross_attention = self.cross_attention_norm = None
         self.feed_forward = FeedForward(c, name="feed_forward", dtype=policy)
         self.feed_forward_norm = layer_norm(c, name="feed_forward_norm", dtype=policy)
+        self.pre_norm = c.norm_position == "pre"
 
     def build(self, input_shape: tuple, memory_shape: tuple | None = None) -> None:
         memory_shape = input_shape if memory_shape is None else memory_shape
@@ -516,97 +466,71 @@ class DecoderLayer(_ConfigLayer):
         index: Any = None,
         training: bool | None = None,
     ) -> tuple[Any, Any, Any, dict[str, Any] | None]:
-        """x (B, T, d), memory (B, S, d), self_mask (B, 1, T, T), memory_mask (B, 1, 1, S);
-        memory and memory_mask None in a decoder-only model, which has no cross-attention.
+        """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
+        (B, 1, 1, S). Returns (x, self-attention probabilities or None, cross-attention
+        probabilities or None, the new cache or None). A decoder-only model's layer has no
+        cross-attention: memory, memory_mask and the cross probabilities are None.
 
-        Returns (x, self-attention probabilities or None, cross-attention probabilities or None,
-        new cache or None). With `cache` (this layer's entry of tf_impl/decode.py's cache), x is
-        the L positions (N, L, d) from `index` on (one for a decode step, the prompt for a
-        prefill) and memory is unused: self-attention writes their keys and values into the
-        cache's buffers and reads them all (self_mask (N, 1, L, max_steps)), cross-attention
-        reads the cached keys and values of the memory, and the new cache is the entry with the
-        updated buffers.
+        Decoding (decode.py) passes this layer's `cache` and the position `index`, a tensor on
+        the device: x is then the L positions index..index+L-1 (N, L, d), L = 1 for a step and the
+        prompt's length for a prefill. Their self-attention keys and values are written into the
+        cache's buffers (write_cache) and the queries attend the whole buffer (self_mask
+        (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
+        keys and values from the cache, so `memory` is unused. The new cache is this layer's,
+        with the buffers as written.
         """
-        pre = self.config.norm_position == "pre"
+
+        def self_attention(y: Any) -> tuple[Any, tuple]:
+            kv = None
+            if cache is not None:
+                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
+                keys = write_cache(cache["self_key"], keys, index)  # (N, h, max_steps, d_k)
+                values = write_cache(cache["self_value"], values, index)
+                kv = keys, values
+            out, probs = self.self_attention(
+                y, y, self_mask, return_attention=return_attention, kv=kv, training=training
+            )
+            return out, (probs, kv)
+
+        def cross_attention(y: Any) -> tuple[Any, Any]:
+            kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
+            return self.cross_attention(
+                y, memory, memory_mask, return_attention=return_attention, kv=kv, training=training
+            )
+
         x, (self_probs, self_kv) = residual(
-            x,
-            lambda y: self._masked_self_attention(
-                y, self_mask, return_attention, cache, index, training
-            ),
-            self.self_attention_norm,
-            self.dropout,
-            pre,
-            training,
+            x, self_attention, self.self_attention_norm, self.dropout, self.pre_norm, training
         )
         cross_probs = None
         if self.cross_attention is not None:
-            cross_kv = None if cache is None else (cache["cross_key"], cache["cross_value"])
             x, cross_probs = residual(
-                x,
-                lambda y: self.cross_attention(
-                    y,
-                    memory,
-                    memory_mask,
-                    return_attention=return_attention,
-                    kv=cross_kv,
-                    training=training,
-                ),
-                self.cross_attention_norm,
-                self.dropout,
-                pre,
-                training,
+                x, cross_attention, self.cross_attention_norm, self.dropout, self.pre_norm, training
             )
         x, _ = residual(
             x,
             lambda y: (self.feed_forward(y), None),
             self.feed_forward_norm,
             self.dropout,
-            pre,
+            self.pre_norm,
             training,
         )
         if cache is None:
             return x, self_probs, cross_probs, None
-        new_cache = {**cache, "self_key": self_kv[0], "self_value": self_kv[1]}
+        keys, values = self_kv
+        # idiom: tensors are immutable: a new dict with the new buffers
+        new_cache = {**cache, "self_key": keys, "self_value": values}
         return x, self_probs, cross_probs, new_cache
 
-    def _masked_self_attention(
-        self,
-        y: Any,
-        mask: Any,
-        return_attention: bool,
-        cache: dict[str, Any] | None,
-        index: Any,
-        training: bool | None,
-    ) -> tuple[Any, tuple[Any, Any]]:
-        """Section 3.2.3's masked self-attention over y, or, with a cache, over the cached
-        positions with y's keys and values written at index..index+L-1. Returns (output,
-        (probabilities or None, the updated (keys, values) buffers or None))."""
-        if cache is None:
-            out, probs = self.self_attention(
-                y, y, mask, return_attention=return_attention, training=training
-            )
-            return out, (probs, None)
-        # rosetta: cache
-        keys, values = self.self_attention.keys_values(y)  # (N, h, L, k)
-        at = (0, 0, index, 0)
-        kv = (
-            ops.slice_update(cache["self_key"], at, keys),  # (N, h, max_steps, k)
-            ops.slice_update(cache["self_value"], at, values),
-        )
-        # rosetta: end
-        out, probs = self.self_attention(
-            y, None, mask, return_attention=return_attention, kv=kv, training=training
-        )
-        return out, (probs, kv)
 
-
-# -- stacks -----------------------------------------------------------------------------------
+# -- stacks ---------------------------------------------------------------------------------------
 
 
 class Stack(_ConfigLayer):
-    """What Encoder and Decoder share: token and position embeddings (sections 3.4 and 3.5), with
-    BERT's segment table and embedding LayerNorm when the config has them, N layers and the
-    optional final LayerNorm."""
+    """What Encoder and Decoder share (section 3.1): the token embedding (section 3.4), the
+    positions (section 3.5), BERT's segment table and embedding LayerNorm when the config has
+    them, dropout, N = num_layers identical layers and the optional final LayerNorm (pre-norm
+    models and torch's nn.Transformer have one). A shared embedding (share_embeddings) is one
+    table for both stacks, held as the framework allows (its `# idiom:` says how)."""
 
     layer_class: type[EncoderLayer | DecoderLayer]
 
@@ -620,20 +544,21 @@ class Stack(_ConfigLayer):
     ) -> None:
         super().__init__(config, **kwargs)
         c, policy = self.config, self.dtype_policy
-        # A shared embedding (section 3.4) is one layer object owned by the Transformer; a layer
-        # is not a config value, so get_config serialises it and Transformer rewires the sharing.
+        # idiom: a shared embedding (section 3.4) is one layer object owned by the Transformer; a
+        # layer is not a config value, so get_config serialises it and Transformer rewires it
         if isinstance(embedding, dict):
             embedding = keras.saving.deserialize_keras_object(embedding)
         self.shared = embedding is not None
         self.embedding = embedding or layers.Embedding(
             vocab_size, c.d_model, name="embedding", dtype=policy
         )
-        if c.position_kind == "learned":
-            self.position_embedding = layers.Embedding(
-                c.max_len, c.d_model, name="position_embedding", dtype=policy
-            )
-        # BERT's segment table [type_vocab_size, d]: row 0 is added to every token (the models
-        # take no segment ids), so it is read as a row, never looked up by id.
+        self.position_embedding = (
+            layers.Embedding(c.max_len, c.d_model, name="position_embedding", dtype=policy)
+            if c.position_kind == "learned"
+            else None
+        )
+        # BERT's embeddings (Devlin et al. 2019, section 3): a segment table, of which the models
+        # read row 0 only (they take no segment ids), and a LayerNorm over the summed embeddings.
         self.token_type_embedding = (
             layers.Embedding(
                 c.type_vocab_size, c.d_model, name="token_type_embedding", dtype=policy
@@ -648,14 +573,13 @@ class Stack(_ConfigLayer):
         # Named "0", "1", ... and built under a "layers" name scope, so that their variables'
         # paths read "encoder/layers/0/...". (A dot in a name would break Keras's torch backend.)
         self.layers = [self.layer_class(c, name=str(i), dtype=policy) for i in range(num_layers)]
-        if c.final_norm:
-            self.final_norm = layer_norm(c, name="final_norm", dtype=policy)
+        self.final_norm = layer_norm(c, name="final_norm", dtype=policy) if c.final_norm else None
 
     def build(self, ids_shape: tuple | None = None) -> None:
         shape = (None, None, self.config.d_model)
         if not self.embedding.built:  # a shared embedding is built by the Transformer
             self.embedding.build()
-        if self.config.position_kind == "learned":
+        if self.position_embedding is not None:
             self.position_embedding.build()
         if self.token_type_embedding is not None:
             self.token_type_embedding.build()
@@ -664,14 +588,17 @@ class Stack(_ConfigLayer):
         with keras.name_scope("layers"):
             for layer in self.layers:
                 layer.build(shape)
-        if self.config.final_norm:
+        if self.final_norm is not None:
             self.final_norm.build(shape)
 
     # idiom: no max_steps: keras.ops computes the rows for a tensor start in the graph
     def embed(self, ids: Any, *, start: Any = None, training: bool | None = None) -> Any:
-        """Sections 3.4-3.5: Dropout(E[ids] * sqrt(d_model) + PE[0..L-1]), (B, L, d); with
-        start (a decode step's index), PE[start..start+L-1]. BERT's additions, when the config
-        has them: row 0 of the segment table, then a LayerNorm over the sum (before dropout)."""
+        """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
+        (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
+        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        2019), when the config has them: row 0 of the segment table joins the sum (the models
+        take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
+        the sum before the dropout."""
         c = self.config
         # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
@@ -679,23 +606,18 @@ class Stack(_ConfigLayer):
             x = x * math.sqrt(c.d_model)
         # rosetta: end
         length = ops.shape(ids)[1]
-        if c.position_kind == "learned":
-            pos = ops.arange(length)
-            positions = self.position_embedding(pos if start is None else pos + start)
-        else:
+        if self.position_embedding is not None:  # PE[start..start+L-1], looked up
+            positions = ops.arange(length)  # (L,)
+            pe = self.position_embedding(positions if start is None else positions + start)
+        else:  # the rows for the positions at hand, in float32 or wider
             table_dtype = statistics_dtype(self.compute_dtype)
-            positions = sinusoidal_positions(
-                length, c.d_model, c.sinusoid_layout, table_dtype, start
-            )
-        x = x + ops.cast(positions, x.dtype)[None]
+            pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout, table_dtype, start)
+        x = x + ops.cast(pe, x.dtype)[None]
         if self.token_type_embedding is not None:
-            x = x + ops.cast(self.token_type_embedding.embeddings[0], x.dtype)  # type 0, (d,)
+            x = x + ops.cast(self.token_type_embedding.embeddings[0], x.dtype)  # (d,): type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x, training=training)
-
-    def _finish(self, x: Any) -> Any:
-        return self.final_norm(x) if self.config.final_norm else x
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -707,7 +629,8 @@ class Stack(_ConfigLayer):
 
 
 class Encoder(Stack):
-    """Section 3.1, encoder: embeddings, then N = num_encoder_layers encoder layers."""
+    """Section 3.1: the encoder, N = num_encoder_layers encoder layers over the embedded
+    source."""
 
     layer_class = EncoderLayer
 
@@ -728,23 +651,25 @@ class Encoder(Stack):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> tuple[Any, list | None, list]:
-        """src (B, S) ids, mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention
-        probabilities per layer (None unless return_attention), hidden states: embeddings and
-        each layer's output, before the final norm)."""
+        """src (B, S) ids under mask (B, 1, 1, S). Returns (memory (B, S, d), self-attention
+        probabilities per layer or None, hidden states: the embedding output and every layer's
+        output, before the final norm)."""
         x = self.embed(src, training=training)
-        attentions, hidden = ([] if return_attention else None), [x]
+        attentions, hidden = [], [x]
         for layer in self.layers:
             x, probs = layer(x, mask, return_attention=return_attention, training=training)
-            if attentions is not None:
-                attentions.append(probs)
+            attentions.append(probs)
             hidden.append(x)
-        return self._finish(x), attentions, hidden
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, attentions if return_attention else None, hidden
 
 
 class Decoder(Stack):
-    """Section 3.1, decoder: embeddings, then N = num_decoder_layers decoder layers. Decoding
-    with a cache (tf_impl/decode.py's decode_step, one position, and prefill, a prompt) runs the
-    layers from there."""
+    """Section 3.1: the decoder, N = num_decoder_layers decoder layers over the embedded target
+    (shifted right), each attending the encoder output (a decoder-only model's attend nothing
+    else). Decoding with a cache (decode.py) runs its embedding and layers a prompt at a time
+    (prefill), then one position at a time (decode_step)."""
 
     layer_class = DecoderLayer
 
@@ -767,13 +692,12 @@ class Decoder(Stack):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> tuple[Any, list | None, list | None, list]:
-        """tgt_in (B, T) ids, memory (B, S, d) (None in a decoder-only model). Returns (output
-        (B, T, d), self-attention and cross-attention probabilities per layer (None unless
-        return_attention; no cross-attention maps without a memory), hidden states)."""
+        """tgt_in (B, T) ids (BOS first) over memory (B, S, d), under self_mask (B, 1, T, T) and
+        memory_mask (B, 1, 1, S); memory and memory_mask None for a decoder-only model. Returns
+        (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
+        cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in, training=training)
-        self_attentions = [] if return_attention else None
-        cross_attentions = [] if return_attention else None
-        hidden = [x]
+        self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
             x, self_probs, cross_probs, _ = layer(
                 x,
@@ -783,29 +707,33 @@ class Decoder(Stack):
                 return_attention=return_attention,
                 training=training,
             )
-            if return_attention:
-                self_attentions.append(self_probs)
-                if layer.cross_attention is not None:
-                    cross_attentions.append(cross_probs)
+            self_attentions.append(self_probs)
+            if layer.cross_attention is not None:
+                cross_attentions.append(cross_probs)
             hidden.append(x)
-        return self._finish(x), self_attentions, cross_attentions, hidden
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if not return_attention:
+            return x, None, None, hidden
+        return x, self_attentions, cross_attentions, hidden
 
 
 def pool(config: TransformerConfig, memory: Any, src: Any) -> Any:
-    """The encoder-only model's pooled vector (B, d) from memory (B, S, d), or None when the
-    config does not pool: "mean" averages the non-pad positions of src (B, S)
-    (sentence-transformers' mean pooling; a row with none gives zeros, not NaN), "first" takes
-    position 0 (BERT's [CLS]); pooled_l2_norm then divides by the L2 norm (a zero vector stays
-    zero)."""
+    """An encoder-only model's pooled vector (B, d) from its output memory (B, S, d) over the ids
+    src (B, S), or None when config.pooling is "none". Not in the paper: "mean" averages the
+    non-pad positions (sentence-transformers' mean pooling; a row with none gives zeros, not
+    NaN), "first" takes position 0 (BERT's [CLS]); pooled_l2_norm then divides by the L2 norm (a
+    zero vector stays zero). The sums run in float32 or wider (statistics_dtype), and the result
+    is in memory's dtype."""
     if config.pooling == "none":
         return None
-    # Sums in float32 or wider, as the norms keep their statistics (bfloat16 models).
-    x = ops.cast(memory, statistics_dtype(keras.backend.standardize_dtype(memory.dtype)))
+    # The sums in float32 or wider, as the norms keep their statistics (bfloat16 models).
+    y = ops.cast(memory, statistics_dtype(memory.dtype))
     if config.pooling == "first":
-        pooled = x[:, 0]  # (B, d)
+        pooled = y[:, 0]  # (B, d)
     else:
-        real = ops.cast(ops.not_equal(src, config.pad_id), x.dtype)[:, :, None]  # (B, S, 1)
-        pooled = ops.sum(x * real, axis=1) / ops.maximum(ops.sum(real, axis=1), 1.0)  # (B, d)
+        real = ops.cast(ops.not_equal(src, config.pad_id)[:, :, None], y.dtype)  # (B, S, 1)
+        pooled = ops.sum(y * real, axis=1) / ops.maximum(ops.sum(real, axis=1), 1.0)  # (B, d)
     if config.pooled_l2_norm:
         length = ops.sqrt(ops.sum(pooled * pooled, axis=-1, keepdims=True))  # (B, 1)
         pooled = pooled / ops.where(length > 0.0, length, 1.0)
@@ -813,15 +741,16 @@ def pool(config: TransformerConfig, memory: Any, src: Any) -> Any:
 
 
 class Transformer(keras.Model):
-    """Section 3, Figure 1: the encoder-decoder Transformer, logits = Decoder(Encoder(src)) W_out.
+    """Section 3, Figure 1: the encoder-decoder Transformer, logits = Decoder(Encoder(src)) W_out,
+    with the embedding sharing of section 3.4: share_embeddings gives both stacks one embedding
+    matrix, and tie_output makes the pre-softmax projection the target embedding transposed
+    (output_bias adds a bias of its own). `encode` and `decode` are separate so that decoding can
+    reuse the encoder output.
 
-    Section 3.4: with share_embeddings one embedding serves both stacks, and with tie_output the
-    pre-softmax projection is the target embedding transposed. `encode` and `decode` are separate
-    so that decoding can reuse the encoder output.
-
-    The family's halves (docs/FORMAT.md, "The three kinds"): a decoder-only model (GPT) has no
-    encoder (None) and its decoder layers no cross-attention; an encoder-only one (BERT) has no
-    decoder and no output projection (None), and returns its encoder output and pooled vector.
+    The family's halves (docs/FORMAT.md, "The three kinds"): a decoder-only model (GPT;
+    num_encoder_layers 0) has `encoder` None and decoder layers without cross-attention; an
+    encoder-only one (BERT; num_decoder_layers 0) has `decoder` and the output projection None,
+    and returns its encoder output and, when the config pools, a pooled vector.
     """
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
@@ -863,18 +792,14 @@ class Transformer(keras.Model):
                 self.output_bias = keras.Variable(
                     "zeros", shape=(c.tgt_vocab_size,), dtype=self.variable_dtype, name="bias"
                 )
-        # rosetta: end
 
     def encode(
         self, src: Any, *, return_attention: bool = False, training: bool | None = None
     ) -> tuple[Any, list | None, list]:
-        """src (B, S) ids -> (memory (B, S, d), attentions or None, hidden states)."""
-        return self.encoder(
-            src,
-            key_padding_mask(src, self.config.pad_id),
-            return_attention=return_attention,
-            training=training,
-        )
+        """The encoder on source ids src (B, S) under their padding mask: (memory (B, S, d),
+        self-attention probabilities per layer or None, hidden states); see Encoder."""
+        mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
+        return self.encoder(src, mask, return_attention=return_attention, training=training)
 
     def decode(
         self,
@@ -885,25 +810,27 @@ class Transformer(keras.Model):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> tuple[Any, list | None, list | None, list]:
-        """tgt_in (B, T) ids (the target shifted right behind BOS), memory (B, S, d) ->
-        (logits (B, T, V), self attentions or None, cross attentions or None, hidden states).
-        A decoder-only model passes memory and src None."""
+        """The decoder on target ids tgt_in (B, T), shifted right behind BOS, over memory
+        (B, S, d) whose padding src (B, S) gives (both None for a decoder-only model): (logits
+        (B, T, V), self and cross probabilities per layer or None, hidden states); see Decoder."""
         pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
             memory,
-            decoder_self_mask(tgt_in, pad),
-            None if src is None else key_padding_mask(src, pad),
+            decoder_self_mask(tgt_in, pad),  # (B, 1, T, T)
+            None if src is None else key_padding_mask(src, pad),  # (B, 1, 1, S)
             return_attention=return_attention,
             training=training,
         )
         return self.logits(y), self_attentions, cross_attentions, hidden
 
     def logits(self, y: Any) -> Any:
-        """Section 3.4: the pre-softmax linear transformation y W_out (+ b); tied: W_out = E^T."""
+        """Section 3.4: the pre-softmax linear transformation, (..., d) -> (..., V). Tied
+        (tie_output), its weight is the target embedding E, so logits = y E^T, plus the output
+        bias when the config has one."""
         c = self.config
         # rosetta: embeddings
-        if c.tie_output:
+        if c.tie_output:  # section 3.4: y E^T
             table = self.decoder.embedding.embeddings  # (V, d)
             logits = ops.einsum("btd,vd->btv", y, table)
         else:
@@ -921,21 +848,22 @@ class Transformer(keras.Model):
         return_attention: bool = False,
         training: bool | None = None,
     ) -> dict[str, Any]:
-        """The whole model: a dict with logits, encoder_output, the three attention lists (None
-        unless return_attention), the hidden states of both stacks and pooled_output. A half of
-        the family takes only its own input (src None for decoder-only, tgt_in None for
-        encoder-only) and returns None for what it lacks (logits, encoder_output) and empty
-        lists for the other half's attention maps and hidden states."""
-        c = self.config
+        """Teacher-forced forward pass; the keys are the fields of
+        transformer_rosetta.spec.results.ForwardOutput. The attention lists are None unless
+        return_attention (the explicit path; otherwise the fused kernel throughout); the hidden
+        states are always there. A half of the family takes only its own input (src None for
+        decoder-only, tgt_in None for encoder-only) and returns None for what it lacks (logits or
+        encoder_output, pooled_output) and empty lists for the other half's attention maps and
+        hidden states."""
         absent = [] if return_attention else None  # the maps of a half the model lacks
         memory, encoder_attentions, encoder_hidden, pooled = None, absent, [], None
-        if c.has_encoder:
+        if self.encoder is not None:
             memory, encoder_attentions, encoder_hidden = self.encode(
                 src, return_attention=return_attention, training=training
             )
-            pooled = pool(c, memory, src)
+            pooled = pool(self.config, memory, src)
         logits, self_attentions, cross_attentions, decoder_hidden = None, absent, absent, []
-        if c.has_decoder:
+        if self.decoder is not None:
             logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
                 tgt_in, memory, src, return_attention=return_attention, training=training
             )

@@ -140,7 +140,6 @@ class Adam(keras.optimizers.Adam):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad=False, **kwargs)
         self._shared_scalars: dict[str, tuple] | None = None  # see _backend_update_step
 
-    # rosetta: optimizer
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         dtype = variable.dtype
         lr, b1, b2, c1, c2, eps = self._step_scalars(dtype, learning_rate)
@@ -154,8 +153,6 @@ class Adam(keras.optimizers.Adam):
         m_hat = m / c1
         v_hat = v / c2
         self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + eps))
-
-    # rosetta: end
 
     def _backend_update_step(
         self, grads: list, trainable_variables: list, learning_rate: Any

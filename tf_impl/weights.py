@@ -92,7 +92,6 @@ def load_canonical(model: Transformer, weights: Mapping[str, np.ndarray]) -> Non
         # Cast in numpy (round to nearest even, as ml_dtypes does), so that what the model holds
         # is bit for bit what `array.astype(dtype)` gives.
         variable.assign(array.astype(numpy_dtype(variable.dtype)))
-    # rosetta: end
 
 
 def export_canonical(model: Transformer) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ from transformer_rosetta.spec.masks import shift_right
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION
 from transformer_rosetta.spec.results import ForwardOutput, LossOutput
 from transformer_rosetta.torch_impl import decode, train
-from transformer_rosetta.torch_impl.model import Transformer, matmul_precision
+from transformer_rosetta.torch_impl.model import Transformer
+from transformer_rosetta.torch_impl.precision import matmul_precision
 from transformer_rosetta.torch_impl.weights import (
     TORCH_DTYPES,
     export_canonical,
@@ -167,22 +168,8 @@ class TorchModel:
         with torch.inference_mode(), matmul_precision(self.precision):
             out = self.module(self._ids(src), self._ids(tgt_in), return_attention=attention)
         # rosetta: end
-
-        def array(t: torch.Tensor | None) -> np.ndarray | None:
-            return None if t is None else to_numpy(t)
-
-        def arrays(ts: list[torch.Tensor] | None) -> list[np.ndarray] | None:
-            return None if ts is None else [to_numpy(t) for t in ts]
-
-        return ForwardOutput(
-            logits=array(out["logits"]),
-            encoder_output=array(out["encoder_output"]),
-            encoder_self_attention=arrays(out["encoder_self_attention"]),
-            decoder_self_attention=arrays(out["decoder_self_attention"]),
-            cross_attention=arrays(out["cross_attention"]),
-            encoder_hidden_states=arrays(out["encoder_hidden_states"]) if hidden_states else None,
-            decoder_hidden_states=arrays(out["decoder_hidden_states"]) if hidden_states else None,
-            pooled_output=array(out["pooled_output"]),
+        return ForwardOutput.from_model(
+            out, to_numpy, attention=attention, hidden_states=hidden_states
         )
 
     def stepper(
@@ -268,7 +255,7 @@ class TorchBackend:
         precision: str = DEFAULT_PRECISION,
     ) -> TorchModel:
         """On a GPU, parity needs full float32 matmuls (docs/DESIGN.md, "Devices"): the model sets
-        its precision around every call (model.matmul_precision) rather than trust torch's
+        its precision around every call (precision.matmul_precision) rather than trust torch's
         default, which has changed between releases."""
         check_build_request(self, dtype, device, precision)
         # rosetta: device
@@ -321,48 +308,3 @@ class TorchBackend:
 
         model = self.build(config, weights, dtype="float32")
         return export_graph(model.module, graph, attention=attention, max_steps=max_steps)
-
-    # idiom: transformers' BertModel is a torch module (convert --verify runs a BERT folder)
-    def load_bert(self, folder: str | Path) -> object:
-        """transformers' BertModel from a folder, in eval mode, in float32, without its pooler
-        (not part of the spec)."""
-        from transformers import BertModel
-
-        model = BertModel.from_pretrained(folder, dtype=torch.float32, add_pooling_layer=False)
-        return model.eval()
-
-    # idiom: runs the torch module load_bert returned
-    def bert_hidden_states(self, model: object, src: np.ndarray, pad_id: int) -> np.ndarray:
-        """BertModel's last hidden state (B, S, d) with the source's pads masked as keys and every
-        token of segment 0, as the spec reads them."""
-        ids = torch.from_numpy(np.asarray(src, np.int64))
-        with torch.inference_mode():
-            out = model(
-                input_ids=ids,
-                attention_mask=(ids != pad_id).long(),
-                token_type_ids=torch.zeros_like(ids),
-            )
-        return out.last_hidden_state.numpy().astype(np.float64)
-
-    # idiom: transformers' MarianMTModel is a torch module (convert --verify runs a Marian folder)
-    def load_marian(self, folder: str | Path) -> object:
-        """transformers' MarianMTModel from a folder, in eval mode, in float32."""
-        from transformers import MarianMTModel
-
-        return MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
-
-    # idiom: runs the torch module load_marian returned
-    def marian_logits(self, model: object, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
-        """MarianMTModel's logits (B, T, V) with our masks: the source's pads masked, and the
-        decoder's pads masked except position 0 (the start token, which is Marian's pad id)."""
-        pad = model.config.pad_token_id
-        decoder_mask = tgt_in != pad
-        decoder_mask[:, 0] = True
-        with torch.inference_mode():
-            out = model(
-                input_ids=torch.from_numpy(src),
-                attention_mask=torch.from_numpy((src != pad).astype(np.int64)),
-                decoder_input_ids=torch.from_numpy(tgt_in),
-                decoder_attention_mask=torch.from_numpy(decoder_mask.astype(np.int64)),
-            )
-        return out.logits.numpy()

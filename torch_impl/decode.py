@@ -42,6 +42,8 @@ from transformer_rosetta.torch_impl.model import (
 )
 
 
+# idiom: torch steps mutate their buffers in place, so the cache is one object held between
+# steps; tf.function and jax.jit pass it in and out of each compiled step as a dict of arrays.
 @dataclass
 class Cache:
     """Everything a decoding step reads besides the weights (layout: the module docstring)."""
@@ -138,11 +140,15 @@ def _run_decoder(model: Transformer, tokens: Tensor, cache: Cache) -> tuple[Tens
 
     # Section 3.5: PE[index..], read from a table of max_steps positions on the device.
     x = decoder.embed(tokens, start=index, max_steps=max_steps)  # (N, L, d)
+    layers = []
     for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
-        x, _, _, _ = layer(x, None, self_mask, cache.memory_mask, cache=layer_cache, index=index)
+        x, _, _, layer_cache = layer(
+            x, None, self_mask, cache.memory_mask, cache=layer_cache, index=index
+        )
+        layers.append(layer_cache)
     if decoder.final_norm is not None:
         x = decoder.final_norm(x)
-    return x, dataclasses.replace(cache, index=index + tokens.shape[1])
+    return x, dataclasses.replace(cache, layers=layers, index=index + tokens.shape[1])
 
 
 def decode_step(model: Transformer, tokens: Tensor, cache: Cache) -> tuple[Tensor, Cache]:

@@ -1,18 +1,21 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) as PyTorch nn.Modules.
 
-Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h (or the
-config's key_dim), V vocab.
-Masks are boolean, True = may attend (the convention of F.scaled_dot_product_attention), built by
-the small pure functions below, which mirror common/spec/masks.py, and shaped to broadcast against the
-scores (B, h, T_q, T_k). The state_dict keys mirror the canonical names (torch_impl/weights.py).
+Each module creates its parameters in `__init__` and computes in `forward`; train mode is module
+state (`model.train()`, `model.eval()`). The state_dict keys mirror the canonical names of
+common/spec/names.py (torch_impl/weights.py transposes nn.Linear's weights).
+
+Masks are boolean, True = may attend, built by the small pure functions below, which mirror
+common/spec/masks.py, and shaped to broadcast against the scores (B, h, T_q, T_k).
+
+Shapes: B batch, S source length, T target length, L positions at hand, d = d_model, h heads,
+d_k = d / h (or the config's key_dim), V vocabulary.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -21,25 +24,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 
-# -- masks (mirrors of common/spec/masks.py) -------------------------------------------------------
+# -- masks (mirrors of common/spec/masks.py) ------------------------------------------------------
 
 
-# rosetta: masks
 def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
-    """(B, 1, 1, K): a key may be attended iff it is not padding."""
+    """(B, 1, 1, T_k): a key may be attended iff it is not padding."""
     return (ids != pad_id)[:, None, None, :]
 
 
 def decoder_key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     """(B, 1, 1, T): as key_padding_mask, but position 0 is always visible: it holds BOS, and some
     models (Marian) use the pad id as BOS."""
-    first = torch.arange(ids.shape[1], device=ids.device) == 0
+    first = torch.arange(ids.shape[1], device=ids.device) == 0  # (T,)
     return ((ids != pad_id) | first)[:, None, None, :]
 
 
-def causal_mask(length: int, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    length: int,
+    device: torch.device | str | None = None,  # idiom: torch makes a tensor where it is told
+) -> Tensor:
     """(1, 1, T, T): query i may attend key j iff j <= i (section 3.2.3)."""
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
 
@@ -49,18 +53,17 @@ def decoder_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
     return decoder_key_padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.shape[1], tgt_in.device)
 
 
-# rosetta: end
+# -- positions, activations -----------------------------------------------------------------------
 
 
-# -- positions, activations, precision ----------------------------------------------------------
-
-
+# idiom: a float64 table, computed once (Stack keeps it as a buffer) and cast by the caller, so
+# that a float64 model gets it to the last bit
 def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
-    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+    """Eq. (5), section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same),
+    one row per position, (length, d_model), for any length: sinusoids extrapolate past max_len.
 
-    (length, d_model) in float64, computed once and cast by the caller, so that a float64 model
-    gets the table to the last bit. Deviation, flagged: layout "concatenated" (tensor2tensor,
-    Marian) puts every sin first, then every cos, with the same frequencies.
+    Deviation, flagged: layout "concatenated" (tensor2tensor, Marian) puts every sin first, then
+    every cos, with the same frequencies. Any other layout is a ValueError.
     """
     # rosetta: positions
     pos = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
@@ -75,64 +78,49 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,  # Eq. (2)
-    "gelu": F.gelu,  # exact erf form
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,  # Eq. (2): max(0, x)
+    "gelu": F.gelu,  # deviation, flagged (ported models): x Phi(x), the exact erf form
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GELU's tanh approximation
 }
 
 
 def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 or wider: the dtype softmax statistics run in, even for bfloat16 inputs. (torch's
-    LayerNorm kernels already keep their statistics in float32 for bfloat16, on CPU and CUDA.)"""
+    """float32 or wider: the dtype that the softmax, the norms' statistics and the pooling sums
+    run in, even when the model computes in bfloat16."""
     return torch.promote_types(dtype, torch.float32)
 
 
-@contextlib.contextmanager
-def matmul_precision(precision: str = DEFAULT_PRECISION) -> Iterator[None]:
-    """float32 products in `precision` (common/spec/precision.py) while the block runs: "ieee"
-    (full float32) for "highest", TF32 tensor cores for "tf32", in matmuls and in cuDNN. torch's
-    switches are process-wide, so the previous ones are restored on exit. Only the fp32_precision
-    API is used: torch refuses to read a precision set through a mix of it and the legacy
-    allow_tf32 flags."""
-    # rosetta: device
-    mode = "tf32" if check_precision(precision) == "tf32" else "ieee"
-    switches = (torch.backends.cuda.matmul, torch.backends.cudnn)
-    saved = [s.fp32_precision for s in switches]
-    for switch in switches:
-        switch.fp32_precision = mode
-    try:
-        yield
-    finally:
-        for switch, value in zip(switches, saved, strict=True):
-            switch.fp32_precision = value
-    # rosetta: end
+# -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# -- attention (Eq. 1) --------------------------------------------------------------------------
-
-
+# idiom: heads before positions, q (B, h, T_q, d_k), k and v (B, h, T_k, d_k): the layout that
+# F.scaled_dot_product_attention takes
 def explicit_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    dropout: float,  # idiom: F.dropout takes the probability (0.0 in eval mode)
 ) -> tuple[Tensor, Tensor]:
-    """Eq. (1) written out: softmax(Q K^T / sqrt(d_k)) V, returning the post-softmax, pre-dropout
-    probabilities too.
+    """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
+    kept.
 
-    torch's head layout: q (B, h, T_q, d_k), k and v (B, h, T_k, d_k), mask broadcastable to
-    (B, h, T_q, T_k). `dropout` is the probability of attention dropout (0.0 in eval mode).
-    Returns (context (B, h, T_q, d_k), probabilities (B, h, T_q, T_k)).
+    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
+    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
+    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
+    (statistics_dtype), and the probabilities are rounded to q's dtype once.
 
-    Deviation, flagged: masked scores get the dtype's finite minimum (never -inf, which makes a
-    fully masked row NaN) and probabilities are zeroed where the mask is False, so a query with no
-    allowed key (a fully padded source) gets a zero context vector.
+    Deviation, flagged: masked scores get the finite minimum of the softmax dtype (never -inf,
+    which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
+    a query with no allowed key (a fully padded source) gets a zero context.
     """
-    # rosetta: attention
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+    scores = scores.to(statistics_dtype(scores.dtype))
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    # Softmax in float32 or wider even for bfloat16 scores.
-    wide = statistics_dtype(scores.dtype)
-    probs = F.softmax(scores, dim=-1, dtype=wide).masked_fill(~mask, 0.0).to(q.dtype)
-    return F.dropout(probs, dropout) @ v, probs
-    # rosetta: end
+    probs = F.softmax(scores, dim=-1).masked_fill(~mask, 0.0).to(q.dtype)
+    context = F.dropout(probs, dropout) @ v  # (B, h, T_q, d_k)
+    return context, probs
 
 
 def fused_attention(
@@ -142,47 +130,47 @@ def fused_attention(
     mask: Tensor,
     dropout_p: float = 0.0,  # idiom: SDPA applies attention dropout inside the kernel
 ) -> Tensor:
-    """Eq. (1) by F.scaled_dot_product_attention, which never materialises the probabilities.
-    Layouts as explicit_attention; returns the context (B, h, T_q, d_k), zero for a query with no
-    allowed key."""
-    # rosetta: attention
+    """Eq. (1) by the framework's fused attention kernel, which never materialises the
+    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
+    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
+    here, as on the explicit path."""
+    # idiom: the kernel is F.scaled_dot_product_attention (SDPA)
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
-    # kernels (CUDA math/efficient) may return NaN; masked_fill also replaces NaN.
-    return context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    # rosetta: end
+    # kernels (CUDA math/efficient) may return NaN, which `where` replaces too.
+    has_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T_q or 1, 1)
+    return torch.where(has_key, context, 0.0)
 
 
-# -- sublayer wiring (section 3.1), shared by both layer kinds ---------------------------------
+# -- sublayer wiring (section 3.1) ----------------------------------------------------------------
 
 
-# rosetta: layer_norm
 def layer_norm(config: TransformerConfig) -> nn.Module:
-    """Ba et al. 2016, population variance with eps inside the sqrt, eps from the config (torch's
-    default 1e-5 is not the paper's). torch's kernels keep the statistics in float32 for bfloat16
-    inputs, on CPU and CUDA alike. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
+    the paper's): population variance, eps inside the square root, statistics in float32 or
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
     if config.norm_kind == "std_plus_eps":
-        return StdPlusEpsNorm(config.d_model, eps=config.layer_norm_eps)
+        return StdPlusEpsNorm(config.d_model, config.layer_norm_eps)
+    # idiom: torch's default eps is 1e-5; its kernels keep float32 statistics for bfloat16
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
-# rosetta: end
-
-
 class StdPlusEpsNorm(nn.Module):
-    """The Annotated Transformer's LayerNorm: weight * (x - mean) / (std + eps) + bias, with the
+    """The Annotated Transformer's LayerNorm: scale * (x - mean) / (std + eps) + bias, with the
     unbiased (n - 1) standard deviation and eps outside the square root (docs/FORMAT.md, step 3).
-    Parameters are named as nn.LayerNorm's, so the state_dict keys do not depend on the kind."""
+    Its parameters carry the names of the framework's own LayerNorm, so the checkpoint names do
+    not depend on the kind."""
 
     def __init__(self, d_model: int, eps: float) -> None:
         super().__init__()
+        # idiom: nn.LayerNorm's names: weight (the scale) and bias
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model))
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # Statistics in float32 or wider (bfloat16 inputs), as nn.LayerNorm's kernels keep them.
-        y = x.to(torch.promote_types(x.dtype, torch.float32))
+        # Statistics in float32 or wider (bfloat16 inputs), as the framework's LayerNorm keeps them.
+        y = x.to(statistics_dtype(x.dtype))
         y = (y - y.mean(-1, keepdim=True)) / (y.std(-1, keepdim=True) + self.eps)
         return (self.weight * y + self.bias).to(x.dtype)
 
@@ -194,52 +182,50 @@ def residual(
     dropout: nn.Dropout,
     pre_norm: bool,
 ) -> tuple[Tensor, Any]:
-    """Section 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm; in pre-norm
-    x + Dropout(Sublayer(LayerNorm(x))) (Wang et al. 2019, a deviation from the paper, flagged).
+    """Sections 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))) in post-norm. Deviation,
+    flagged: pre-norm (Wang et al. 2019) computes x + Dropout(Sublayer(LayerNorm(x))).
 
-    `sublayer` returns (output, extra); extra (attention probabilities, say) is passed through.
-    """
-    # rosetta: residual
+    `sublayer` maps its input to (output, extra); returns (the new x, extra), extra (attention
+    probabilities, say) passed through."""
     out, extra = sublayer(norm(x) if pre_norm else x)
     x = x + dropout(out)
     return (x if pre_norm else norm(x)), extra
-    # rosetta: end
 
 
-# -- layers -----------------------------------------------------------------------------------
+# -- layers ---------------------------------------------------------------------------------------
 
 
 class MultiHeadAttention(nn.Module):
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
-    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), and Eq. (1): softmax(Q K^T / sqrt(d_k)) V.
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i), and Attention from Eq. (1)
+    (explicit_attention, fused_attention).
 
-    A query with no allowed key (a fully padded source) gets a zero context vector, so its output
-    is W^O's bias (explicit_attention, fused_attention).
+    The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
+    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
+    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        d, bias = config.d_model, config.attention_bias
-        self.h, self.d_k = config.num_heads, config.head_dim
+        d, h, d_k, bias = config.d_model, config.num_heads, config.head_dim, config.attention_bias
+        self.h, self.d_k = h, d_k
         # rosetta: parameters
-        # The h per-head projections W^Q_i are one (d, h * d_k) matrix; heads are split after it.
-        # h * d_k is d_model unless the config sets key_dim.
-        self.query = nn.Linear(d, self.h * self.d_k, bias=bias)
-        self.key = nn.Linear(d, self.h * self.d_k, bias=bias)
-        self.value = nn.Linear(d, self.h * self.d_k, bias=bias)
-        self.output = nn.Linear(self.h * self.d_k, d, bias=bias)
+        # idiom: nn.Linear keeps the h heads merged, a (h * d_k, d) weight; _split_heads splits them
+        self.query = nn.Linear(d, h * d_k, bias=bias)
+        self.key = nn.Linear(d, h * d_k, bias=bias)
+        self.value = nn.Linear(d, h * d_k, bias=bias)
+        self.output = nn.Linear(h * d_k, d, bias=bias)
         # rosetta: end
+        # idiom: a probability, not a module: SDPA applies attention dropout itself (dropout_p)
         self.attention_dropout = config.attention_dropout
 
-    # rosetta: heads
     def _split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
         return x.view(b, length, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
-    # rosetta: end
-
     def keys_values(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
-        """K W^K and V W^V split into heads, (B, h, T_k, d_k) each: what a decode cache keeps."""
+        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
+        decode cache keeps (decode.py), in the same layout in every implementation."""
         return self._split_heads(self.key(x_kv)), self._split_heads(self.value(x_kv))
 
     def forward(
@@ -253,10 +239,10 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        Returns (output (B, T_q, d), probabilities (B, h, T_q, T_k) or None). return_attention
-        takes the explicit path; otherwise the fused kernel, which never materialises them.
-        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken instead
-        of x_kv (decoding with a cache, torch_impl/decode.py).
+        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
+        kernel, which never materialises them.
         """
         q = self._split_heads(self.query(x_q))  # (B, h, T_q, d_k)
         k, v = self.keys_values(x_kv) if kv is None else kv  # (B, h, T_k, d_k) each
@@ -275,20 +261,23 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (GELU for ported models)."""
+    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
+    `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
+    its tanh approximation) instead of max(0, x) for ported models."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.intermediate = nn.Linear(config.d_model, config.d_ff)  # W_1, b_1
         self.output = nn.Linear(config.d_ff, config.d_model)  # W_2, b_2
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = config.activation  # a key of ACTIVATIONS, looked up at each call
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.output(self.activation(self.intermediate(x)))
+        return self.output(ACTIVATIONS[self.activation](self.intermediate(x)))
 
 
 class EncoderLayer(nn.Module):
-    """Section 3.1, encoder: self-attention, then feed-forward, each inside a residual."""
+    """Section 3.1, encoder layer: multi-head self-attention, then the position-wise feed-forward
+    network, each inside a residual connection with LayerNorm."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -320,8 +309,11 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 
-@dataclass
-class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
+# torch decodes in eager Python, so a layer's cache is a typed record whose buffers write_cache
+# fills in place; tf.function and jax.jit pass a cache in and out of a compiled step as a nested
+# dict of arrays instead.
+@dataclasses.dataclass
+class LayerCache:  # idiom: a dataclass of buffers written in place, not a dict of arrays
     """One decoder layer's keys and values, split into heads. A decoder-only model's layers have
     no cross-attention: cross_key and cross_value are None."""
 
@@ -330,31 +322,33 @@ class LayerCache:  # idiom: torch updates buffers in place (index_copy_)
     cross_key: Tensor | None  # (N, h, S, d_k), K W^K of the memory
     cross_value: Tensor | None  # (N, h, S, d_k)
 
-    # rosetta: cache
-    def update(self, key: Tensor, value: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the keys and values (N, h, L, d_k) of positions index..index+L-1 (L = 1 in a
-        decoding step, the prompt in a prefill) and return every position's, (N, h, max_steps,
-        d_k) each (DecoderLayer's self-attention reads them)."""
-        where = index + torch.arange(key.shape[2], device=key.device)  # (L,)
-        self.self_key.index_copy_(2, where, key)
-        self.self_value.index_copy_(2, where, value)
-        return self.self_key, self.self_value
 
-    # rosetta: end
+def write_cache(buffer: Tensor, new: Tensor, index: Tensor) -> Tensor:
+    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
+    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    position's keys or values, for the queries to attend (those not written yet are masked)."""
+    # idiom: in place, index_copy_ at an index on the device: copying the max_steps buffer each
+    # step would cost more than the step, and the index never goes back to the host
+    where = index + torch.arange(new.shape[2], device=new.device)  # (L,)
+    return buffer.index_copy_(2, where, new)
 
 
 class DecoderLayer(nn.Module):
-    """Section 3.1, decoder: masked self-attention, cross-attention over the encoder output, then
-    feed-forward, each inside a residual. A decoder-only model's layer (GPT, Radford et al. 2018)
-    has no encoder output to attend: no cross-attention sublayer, and no parameters for one."""
+    """Section 3.1, decoder layer: masked self-attention, cross-attention over the encoder
+    output, then the feed-forward network, each inside a residual connection with LayerNorm. A
+    decoder-only model's layer (GPT, Radford et al. 2018) has no encoder output to attend: no
+    cross-attention sublayer (cross_attention and its norm are None), and no parameters for one."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.self_attention = MultiHeadAttention(config)
         self.self_attention_norm = layer_norm(config)
-        cross = config.has_encoder
-        self.cross_attention = MultiHeadAttention(config) if cross else None
-        self.cross_attention_norm = layer_norm(config) if cross else None
+        if config.has_encoder:
+            self.cross_attention = MultiHeadAttention(config)
+            self.cross_attention_norm = layer_norm(config)
+        else:
+            self.cross_attention = self.cross_attention_norm = None
         self.feed_forward = FeedForward(config)
         self.feed_forward_norm = layer_norm(config)
         self.dropout = nn.Dropout(config.dropout)
@@ -371,35 +365,45 @@ class DecoderLayer(nn.Module):
         cache: LayerCache | None = None,
         index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, LayerCache | None]:
-        """x (B, T, d) over memory (B, S, d) -> (x, self and cross probabilities or None, cache).
-        Without cross-attention (decoder-only) memory and memory_mask are None, and so are the
-        cross probabilities.
+        """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
+        (B, 1, 1, S). Returns (x, self-attention probabilities or None, cross-attention
+        probabilities or None, the new cache or None). A decoder-only model's layer has no
+        cross-attention: memory, memory_mask and the cross probabilities are None.
 
-        With a cache (torch_impl/decode.py), x holds the positions index..index+T-1 (T = 1 in a
-        decoding step): their self-attention keys and values are written into the cache there
-        and the queries attend the whole buffer (self_mask says which entries each may see), and
-        cross-attention takes the memory's cached keys and values (memory unused). The cache
-        returned is the one passed in, updated in place (None without one).
+        Decoding (decode.py) passes this layer's `cache` and the position `index`, a tensor on
+        the device: x is then the L positions index..index+L-1 (N, L, d), L = 1 for a step and the
+        prompt's length for a prefill. Their self-attention keys and values are written into the
+        cache's buffers (write_cache) and the queries attend the whole buffer (self_mask
+        (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
+        keys and values from the cache, so `memory` is unused. The new cache is this layer's,
+        with the buffers as written.
         """
 
-        def self_attention(y: Tensor) -> tuple[Tensor, Tensor | None]:
-            kv = None if cache is None else cache.update(*self.self_attention.keys_values(y), index)
-            return self.self_attention(y, y, self_mask, return_attention=return_attention, kv=kv)
+        def self_attention(y: Tensor) -> tuple[Tensor, tuple]:
+            kv = None
+            if cache is not None:
+                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
+                keys = write_cache(cache.self_key, keys, index)  # (N, h, max_steps, d_k)
+                values = write_cache(cache.self_value, values, index)
+                kv = keys, values
+            out, probs = self.self_attention(
+                y, y, self_mask, return_attention=return_attention, kv=kv
+            )
+            return out, (probs, kv)
 
-        x, self_probs = residual(
+        def cross_attention(y: Tensor) -> tuple[Tensor, Tensor | None]:
+            kv = None if cache is None else (cache.cross_key, cache.cross_value)
+            return self.cross_attention(
+                y, memory, memory_mask, return_attention=return_attention, kv=kv
+            )
+
+        x, (self_probs, self_kv) = residual(
             x, self_attention, self.self_attention_norm, self.dropout, self.pre_norm
         )
         cross_probs = None
         if self.cross_attention is not None:
-            cross_kv = None if cache is None else (cache.cross_key, cache.cross_value)
             x, cross_probs = residual(
-                x,
-                lambda y: self.cross_attention(
-                    y, memory, memory_mask, return_attention=return_attention, kv=cross_kv
-                ),
-                self.cross_attention_norm,
-                self.dropout,
-                self.pre_norm,
+                x, cross_attention, self.cross_attention_norm, self.dropout, self.pre_norm
             )
         x, _ = residual(
             x,
@@ -408,17 +412,23 @@ class DecoderLayer(nn.Module):
             self.dropout,
             self.pre_norm,
         )
-        return x, self_probs, cross_probs, cache
+        if cache is None:
+            return x, self_probs, cross_probs, None
+        keys, values = self_kv
+        # idiom: the same buffers, written in place, in a new record (dataclasses.replace)
+        new_cache = dataclasses.replace(cache, self_key=keys, self_value=values)
+        return x, self_probs, cross_probs, new_cache
 
 
-# -- stacks -----------------------------------------------------------------------------------
+# -- stacks ---------------------------------------------------------------------------------------
 
 
 class Stack(nn.Module):
-    """What Encoder and Decoder share (section 3.1): the token embedding (unless shared), the
-    positions, BERT's optional segment table and embedding LayerNorm, dropout, N = num_layers
-    identical layers and the optional final LayerNorm (as pre-norm models and nn.Transformer
-    have)."""
+    """What Encoder and Decoder share (section 3.1): the token embedding (section 3.4), the
+    positions (section 3.5), BERT's segment table and embedding LayerNorm when the config has
+    them, dropout, N = num_layers identical layers and the optional final LayerNorm (pre-norm
+    models and torch's nn.Transformer have one). A shared embedding (share_embeddings) is one
+    table for both stacks, held as the framework allows (its `# idiom:` says how)."""
 
     layer_class: type[nn.Module]
 
@@ -431,8 +441,8 @@ class Stack(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        # A shared embedding (section 3.4) is the encoder's nn.Embedding, passed in: one Parameter
-        # that the state_dict lists under both stacks' keys.
+        # idiom: a shared embedding (section 3.4) is the encoder's nn.Embedding, passed in: one
+        # Parameter that the state_dict lists under both stacks' keys
         self.embedding = (
             nn.Embedding(vocab_size, config.d_model) if embedding is None else embedding
         )
@@ -454,9 +464,10 @@ class Stack(nn.Module):
         self.final_norm = layer_norm(config) if config.final_norm else None
 
     def _position_table(self, length: int) -> Tensor:
-        """Section 3.5: the position encodings of positions 0..length-1, (length, d)."""
+        """Section 3.5: PE[0..length-1], (length, d): the learned table's rows (check_inputs
+        refuses a length past max_len first), or the sinusoids, which extrapolate."""
         c = self.config
-        if self.position_embedding is not None:  # learned; check_inputs refused L > max_len
+        if self.position_embedding is not None:
             return self.position_embedding.weight[:length]
         if length <= self.sinusoid.shape[0]:
             return self.sinusoid[:length]
@@ -470,11 +481,12 @@ class Stack(nn.Module):
         start: Tensor | None = None,
         max_steps: int | None = None,  # idiom: a static table length, so `start` stays on device
     ) -> Tensor:
-        """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]), (B, L, d);
-        start None = 0. A decoding step's `start` is the cache's index tensor, read on the device
-        from a table of max_steps positions (default max_len) rather than back on the host.
-        BERT's additions, when the config has them: segment row 0 joins the sum, and the
-        embedding LayerNorm normalises it before the dropout."""
+        """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
+        (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
+        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        2019), when the config has them: row 0 of the segment table joins the sum (the models
+        take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
+        the sum before the dropout."""
         c = self.config
         # rosetta: embeddings
         x = self.embedding(ids)  # (B, L, d)
@@ -482,21 +494,22 @@ class Stack(nn.Module):
             x = x * math.sqrt(c.d_model)
         # rosetta: end
         if start is None:
-            pe = self._position_table(ids.shape[1])
-        else:
+            pe = self._position_table(ids.shape[1])  # (L, d)
+        else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
             positions = start + torch.arange(ids.shape[1], device=ids.device)  # (L,)
-            table = self._position_table(c.max_len if max_steps is None else max_steps)
-            pe = table.index_select(0, positions)
+            pe = self._position_table(c.max_len if max_steps is None else max_steps)
+            pe = pe.index_select(0, positions)  # (L, d)
         x = x + pe.to(x.dtype)
         if self.token_type_embedding is not None:
-            x = x + self.token_type_embedding.weight[0]  # every token is of type 0
+            x = x + self.token_type_embedding.weight[0]  # (d,): every token is of type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x)
 
 
 class Encoder(Stack):
-    """Section 3.1: N = num_encoder_layers encoder layers over the embedded source."""
+    """Section 3.1: the encoder, N = num_encoder_layers encoder layers over the embedded
+    source."""
 
     layer_class = EncoderLayer
 
@@ -521,8 +534,10 @@ class Encoder(Stack):
 
 
 class Decoder(Stack):
-    """Section 3.1: N = num_decoder_layers decoder layers over the embedded, right-shifted
-    target, each attending the encoder output (a decoder-only model's attend none)."""
+    """Section 3.1: the decoder, N = num_decoder_layers decoder layers over the embedded target
+    (shifted right), each attending the encoder output (a decoder-only model's attend nothing
+    else). Decoding with a cache (decode.py) runs its embedding and layers a prompt at a time
+    (prefill), then one position at a time (decode_step)."""
 
     layer_class = DecoderLayer
 
@@ -561,33 +576,39 @@ class Decoder(Stack):
 
 def pool(config: TransformerConfig, memory: Tensor, src: Tensor) -> Tensor | None:
     """An encoder-only model's pooled vector (B, d) from its output memory (B, S, d) over the ids
-    src (B, S), or None when config.pooling is "none". "mean": the average over the non-pad
-    positions (sentence-transformers' mean pooling; a row with none gives zeros, not NaN);
-    "first": position 0 (BERT's [CLS]). pooled_l2_norm then divides by the L2 norm (a zero vector
-    stays zero)."""
+    src (B, S), or None when config.pooling is "none". Not in the paper: "mean" averages the
+    non-pad positions (sentence-transformers' mean pooling; a row with none gives zeros, not
+    NaN), "first" takes position 0 (BERT's [CLS]); pooled_l2_norm then divides by the L2 norm (a
+    zero vector stays zero). The sums run in float32 or wider (statistics_dtype), and the result
+    is in memory's dtype."""
     if config.pooling == "none":
         return None
+    # The sums in float32 or wider, as the norms keep their statistics (bfloat16 models).
+    y = memory.to(statistics_dtype(memory.dtype))
     if config.pooling == "first":
-        pooled = memory[:, 0]  # (B, d)
+        pooled = y[:, 0]  # (B, d)
     else:
-        real = (src != config.pad_id)[:, :, None].to(memory.dtype)  # (B, S, 1)
-        pooled = (memory * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # (B, d)
+        real = (src != config.pad_id)[:, :, None].to(y.dtype)  # (B, S, 1)
+        pooled = (y * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # (B, d)
     if config.pooled_l2_norm:
         # Not F.normalize, which divides by max(norm, 1e-12) and so leaves a vector of tinier
         # norm short of unit length; only an exact zero is kept as it is.
         length = pooled.square().sum(dim=-1, keepdim=True).sqrt()  # (B, 1)
-        pooled = pooled / torch.where(length > 0.0, length, torch.ones_like(length))
-    return pooled
+        pooled = pooled / torch.where(length > 0.0, length, 1.0)
+    return pooled.to(memory.dtype)
 
 
 class Transformer(nn.Module):
-    """Figure 1: the encoder-decoder, with the embedding sharing of section 3.4, and the two
-    halves of the family: decoder-only (num_encoder_layers 0, GPT: `encoder` is None) and
-    encoder-only (num_decoder_layers 0, BERT: `decoder` and `output` are None).
+    """Section 3, Figure 1: the encoder-decoder Transformer, logits = Decoder(Encoder(src)) W_out,
+    with the embedding sharing of section 3.4: share_embeddings gives both stacks one embedding
+    matrix, and tie_output makes the pre-softmax projection the target embedding transposed
+    (output_bias adds a bias of its own). `encode` and `decode` are separate so that decoding can
+    reuse the encoder output.
 
-    share_embeddings: the decoder uses the encoder's nn.Embedding (one matrix). tie_output: the
-    pre-softmax projection's weight is the target embedding (nanoGPT's weight tying), so the
-    state_dict lists the same tensor under each alias; output_bias adds `output.bias`.
+    The family's halves (docs/FORMAT.md, "The three kinds"): a decoder-only model (GPT;
+    num_encoder_layers 0) has `encoder` None and decoder layers without cross-attention; an
+    encoder-only one (BERT; num_decoder_layers 0) has `decoder` and the output projection None,
+    and returns its encoder output and, when the config pools, a pooled vector.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -603,11 +624,12 @@ class Transformer(nn.Module):
             else None
         )
         if config.tie_output:
+            # idiom: one Parameter under two names (nanoGPT's weight tying): the state_dict lists
+            # it under each
             self.output.weight = self.decoder.embedding.weight  # (V, d): logits = y E^T
         # rosetta: end
         self.apply(self._init_weights)
 
-    # rosetta: parameters
     def _init_weights(self, module: nn.Module) -> None:
         """tensor2tensor's initialisation (common/weights/init.py, scheme "paper"), in distribution:
         xavier-uniform kernels, zero biases, embeddings N(0, d_model^-0.5) so that after the
@@ -620,12 +642,11 @@ class Transformer(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
 
-    # rosetta: end
-
     def encode(
         self, src: Tensor, *, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor]]:
-        """The encoder on source ids (B, S) under their padding mask; see Encoder.forward."""
+        """The encoder on source ids src (B, S) under their padding mask: (memory (B, S, d),
+        self-attention probabilities per layer or None, hidden states); see Encoder."""
         mask = key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
         return self.encoder(src, mask, return_attention=return_attention)
 
@@ -637,9 +658,9 @@ class Transformer(nn.Module):
         *,
         return_attention: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None, list[Tensor]]:
-        """The decoder on target ids (B, T) shifted right behind BOS, over memory (B, S, d) whose
-        padding `src` (B, S) gives (both None for a decoder-only model). Returns (logits (B, T, V),
-        self and cross probabilities per layer or None, hidden states); see Decoder.forward."""
+        """The decoder on target ids tgt_in (B, T), shifted right behind BOS, over memory
+        (B, S, d) whose padding src (B, S) gives (both None for a decoder-only model): (logits
+        (B, T, V), self and cross probabilities per layer or None, hidden states); see Decoder."""
         pad = self.config.pad_id
         y, self_attentions, cross_attentions, hidden = self.decoder(
             tgt_in,
@@ -651,28 +672,29 @@ class Transformer(nn.Module):
         return self.logits(y), self_attentions, cross_attentions, hidden
 
     def logits(self, y: Tensor) -> Tensor:
-        """Section 3.4: the pre-softmax linear transformation, (..., d) -> (..., V)."""
+        """Section 3.4: the pre-softmax linear transformation, (..., d) -> (..., V). Tied
+        (tie_output), its weight is the target embedding E, so logits = y E^T, plus the output
+        bias when the config has one."""
         return self.output(y)
 
     def forward(
         self, src: Tensor | None, tgt_in: Tensor | None, *, return_attention: bool = False
     ) -> dict[str, Tensor | list[Tensor] | None]:
-        """Teacher-forced decoding; the keys are the fields of transformer_rosetta.spec.results.ForwardOutput.
-        The attention lists are None unless return_attention (the explicit path; otherwise the
-        fused one throughout); the hidden states are always there. A half of the family takes
-        only its own input (the other None) and leaves the other half's entries None (outputs)
-        or empty (lists): decoder-only has no encoder_output, encoder-only no logits."""
-        # An absent half's lists are empty; with return_attention off its maps stay None.
-        memory, pooled, encoder_hidden = None, None, []
-        encoder_attentions = [] if return_attention else None
+        """Teacher-forced forward pass; the keys are the fields of
+        transformer_rosetta.spec.results.ForwardOutput. The attention lists are None unless
+        return_attention (the explicit path; otherwise the fused kernel throughout); the hidden
+        states are always there. A half of the family takes only its own input (src None for
+        decoder-only, tgt_in None for encoder-only) and returns None for what it lacks (logits or
+        encoder_output, pooled_output) and empty lists for the other half's attention maps and
+        hidden states."""
+        absent = [] if return_attention else None  # the maps of a half the model lacks
+        memory, encoder_attentions, encoder_hidden, pooled = None, absent, [], None
         if self.encoder is not None:
             memory, encoder_attentions, encoder_hidden = self.encode(
                 src, return_attention=return_attention
             )
             pooled = pool(self.config, memory, src)
-        logits, decoder_hidden = None, []
-        self_attentions = [] if return_attention else None
-        cross_attentions = [] if return_attention else None
+        logits, self_attentions, cross_attentions, decoder_hidden = None, absent, absent, []
         if self.decoder is not None:
             logits, self_attentions, cross_attentions, decoder_hidden = self.decode(
                 tgt_in, memory, src, return_attention=return_attention

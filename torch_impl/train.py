@@ -66,14 +66,12 @@ def compute_loss(
 def _training(model: nn.Module) -> Iterator[None]:
     """model.train() for the block (dropout on, as the config sets it), eval() again after: the
     adapter's model stays in eval mode for forward and decoding."""
-    # rosetta: dropout
     was_training = model.training
     model.train()
     try:
         yield
     finally:
         model.train(was_training)
-    # rosetta: end
 
 
 def loss_and_grads(
@@ -121,9 +119,7 @@ def make_optimizer(model: nn.Module) -> torch.optim.Adam:  # idiom: train_step s
     sqrt(v_hat), as transformer_rosetta.oracle.training.adam_step does. model.parameters() yields a tied Parameter
     once, so a tied tensor has one set of moments. The learning rate is set before every step
     (train_step), so warmup and factor are train_step's arguments, not this one's."""
-    # rosetta: optimizer
     return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS)
-    # rosetta: end
 
 
 def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -102,7 +102,6 @@ def tensor_to_native(spec: TensorSpec, t: Tensor) -> Tensor:
     if spec.role == "kernel":
         return t.reshape(spec.fan_in, spec.fan_out).T.contiguous()  # (out, in)
     return t.reshape(native_shape(spec))  # attention biases (h, d_k) -> (h*d_k,)
-    # rosetta: end
 
 
 # idiom: per tensor, the inverse of tensor_to_native
@@ -158,7 +157,6 @@ def load_canonical(model: nn.Module, weights: Mapping[str, Tensor]) -> None:
         native, key = tensor_to_native(spec, weights[spec.name]), keys[spec.name]
         assert native.shape == params[key].shape, f"{key}: {native.shape} != {params[key].shape}"
         params[key].copy_(native)  # a tied Parameter is copied once, through its first key
-    # rosetta: end
 
 
 def export_canonical(model: nn.Module) -> dict[str, Tensor]:

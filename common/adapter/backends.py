@@ -177,6 +177,72 @@ class NativeCheckpoints(Protocol):
         ...
 
 
+@runtime_checkable
+class NativeBackend(Backend, NativeCheckpoints, Protocol):
+    """A backend that also reads and writes its framework's own checkpoint (torch, tf, jax)."""
+
+
+@runtime_checkable
+class TensorReader(Protocol):
+    """A backend that reads any checkpoint of its framework, not only its own model's: the
+    importers of other models (common/porting) read .pt/.bin state_dicts through it, so that
+    they import no framework themselves."""
+
+    def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]:
+        """Every tensor of the file, as numpy (bfloat16 as ml_dtypes.bfloat16). Never runs code
+        from the file (torch: weights_only loading); WeightFileError naming what is wrong."""
+        ...
+
+
+@runtime_checkable
+class OnnxExporter(Protocol):
+    """A backend whose framework exports its model's graphs to ONNX: the "onnx" backend runs
+    them and `rosetta export` writes them (common/porting/onnx_file.py)."""
+
+    def export_onnx(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        *,
+        graph: str = "forward",
+        attention: bool = False,
+        max_steps: int | None = None,
+    ) -> object:
+        """The onnx.ModelProto of one graph (transformer_rosetta.spec.names.ONNX_GRAPHS) of a
+        float32 model holding `weights`."""
+        ...
+
+
+# The backend that offers each capability beyond Backend: only torch's checkpoints are pickles
+# that need its own weights_only loader, and only torch ships an ONNX exporter.
+TENSOR_READER = "torch"
+ONNX_EXPORTER = "torch"
+
+
+def native_backend(kind: str) -> NativeBackend:
+    """The backend whose native checkpoint `kind` (a NATIVE_BACKENDS key) is."""
+    backend = get_backend(NATIVE_BACKENDS[kind])
+    if not isinstance(backend, NativeBackend):
+        raise BackendUnavailable(f"{backend.name}: reads and writes no native checkpoint")
+    return backend
+
+
+def tensor_reader() -> TensorReader:
+    """The reader of other models' .pt/.bin checkpoints. BackendUnavailable says why not."""
+    backend = get_backend(TENSOR_READER)
+    if not isinstance(backend, TensorReader):
+        raise BackendUnavailable(f"{backend.name}: reads no outside .pt/.bin checkpoint")
+    return backend
+
+
+def onnx_exporter() -> OnnxExporter:
+    """The exporter of every ONNX graph. BackendUnavailable says why not."""
+    backend = get_backend(ONNX_EXPORTER)
+    if not isinstance(backend, OnnxExporter):
+        raise BackendUnavailable(f"{backend.name}: exports no ONNX graph")
+    return backend
+
+
 def check_build_request(
     backend: Backend, dtype: str, device: str, precision: str = DEFAULT_PRECISION
 ) -> None:

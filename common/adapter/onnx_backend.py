@@ -15,12 +15,18 @@ parity (docs/PORTING.md, "ONNX").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
 
-from transformer_rosetta.adapter.backends import check_build_request, check_mode, get_backend
+from transformer_rosetta.adapter.backends import (
+    ONNX_EXPORTER,
+    check_build_request,
+    check_mode,
+    get_backend,
+    onnx_exporter,
+)
 from transformer_rosetta.decoding.search import (
     check_row_ids,
     check_step_budget,
@@ -42,31 +48,6 @@ class OnnxSession(Protocol):
     ) -> list[np.ndarray]:
         """The named outputs (all of them for None), in the graph's order."""
         ...
-
-
-@runtime_checkable
-class OnnxExporter(Protocol):
-    """What the torch backend adds to export its model's graphs (torch_impl/onnx_export.py)."""
-
-    def export_onnx(
-        self,
-        config: TransformerConfig,
-        weights: Mapping[str, np.ndarray],
-        *,
-        graph: str = "forward",
-        attention: bool = False,
-        max_steps: int | None = None,
-    ) -> object:
-        """The onnx.ModelProto of one graph (transformer_rosetta.spec.names.ONNX_GRAPHS)."""
-        ...
-
-
-def onnx_exporter() -> OnnxExporter:
-    """The torch backend, whose exporter makes every graph this backend runs."""
-    backend = get_backend("torch")
-    if not isinstance(backend, OnnxExporter):
-        raise TypeError(f"backend {backend.name!r} exports no ONNX graph")
-    return backend
 
 
 def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISION) -> OnnxSession:
@@ -167,13 +148,12 @@ class OnnxModel:
                 )
         run = self.graph_session("forward", attention=attention).run
         logits, memory, *maps = run(None, {"src": src, "tgt_in": tgt_in})
-        out = ForwardOutput(logits=logits, encoder_output=memory)
+        out: dict[str, Any] = {"logits": logits, "encoder_output": memory}
         if attention:  # the maps come in ATTENTION_OUTPUTS' order, each group's layers in turn
             for _, field, _ in ATTENTION_OUTPUTS:
                 n = attention_layers(self.config, field)
-                setattr(out, field, maps[:n])
-                maps = maps[n:]
-        return out
+                out[field], maps = maps[:n], maps[n:]
+        return ForwardOutput.from_model(out, np.asarray, attention=attention, hidden_states=False)
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True
@@ -190,7 +170,7 @@ class OnnxBackend:
     modes = ("eager",)
 
     def version(self) -> str:
-        return f"onnxruntime {ort.__version__} ({get_backend('torch').version()}'s exporter)"
+        return f"onnxruntime {ort.__version__} ({get_backend(ONNX_EXPORTER).version()}'s exporter)"
 
     def devices(self) -> list[str]:
         found = ["cpu"]

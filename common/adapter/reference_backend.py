@@ -74,9 +74,10 @@ class NumpyModel:
         check_mode(NumpyBackend.modes, mode)
         src, tgt_in = check_inputs(self.config, src, tgt_in)
         out = reference.forward(self.weights, self.config, src, tgt_in, hidden_states=hidden_states)
-        if not attention:
-            out.encoder_self_attention = out.decoder_self_attention = out.cross_attention = None
-        return out
+        # The oracle's arrays are numpy already: the one conversion keeps only what was asked for.
+        return ForwardOutput.from_model(
+            vars(out), np.asarray, attention=attention, hidden_states=hidden_states
+        )
 
     def stepper(
         self, src: np.ndarray, beams: int, max_steps: int, *, cached: bool = True

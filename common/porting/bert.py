@@ -41,26 +41,15 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
-from transformer_rosetta.files.safe_read import (
-    MAX_CONFIG_BYTES,
-    FileProblem,
-    brief,
-    is_int,
-    json_type,
-    read_bytes,
-    read_json,
-    shown,
-    type_problem,
-)
+from transformer_rosetta.files.safe_read import FileProblem, brief, is_int, read_bytes, shown
 from transformer_rosetta.porting.hf_folder import (
     CONFIG_FILE,
+    HfModel,
     model_folder,
-    name_hf_key,
     read_config_json,
     read_folder_weights,
     read_json_file,
 )
-from transformer_rosetta.porting.marian import ACTIVATIONS
 from transformer_rosetta.porting.table import Rule, Table, rows, to_canonical
 from transformer_rosetta.spec.config import TransformerConfig
 
@@ -126,6 +115,15 @@ HF_FIELD = {
     "bos_id": "bos_token_id",
     "eos_id": "eos_token_id",
 }
+BERT = HfModel(
+    "BERT",
+    "bert",
+    HF_DEFAULTS,
+    HF_TYPES,
+    HF_FIELD,
+    model_type_hint="RoBERTa-style models offset their positions by pad_token_id + 1",
+    id_lists=False,  # BertModel's pad_token_id is its embedding's padding_idx: one integer
+)
 
 # Stored, but not part of the spec: dropped, and named in the import's notes.
 POOLER = ("pooler.dense.weight", "pooler.dense.bias")
@@ -134,15 +132,6 @@ PREFIX = "bert."  # BertFor* models keep the encoder under `bert.`
 
 
 # -- reading the folder --------------------------------------------------------------------------
-
-
-def is_bert_folder(path: str | Path) -> bool:
-    """Whether a folder's config.json says model_type "bert" (for `rosetta convert`'s guess)."""
-    try:
-        data = read_json(Path(path) / CONFIG_FILE, "a Hugging Face config.json", MAX_CONFIG_BYTES)
-    except FileProblem:
-        return False
-    return isinstance(data, dict) and data.get("model_type") == "bert"
 
 
 def special_ids(folder: Path, hf: Mapping[str, Any]) -> tuple[dict[str, int], list[str]]:
@@ -166,7 +155,7 @@ def special_ids(folder: Path, hf: Mapping[str, Any]) -> tuple[dict[str, int], li
                 found[ours] = index[token]
                 notes.append(f"{ours} {index[token]}: {token} in {VOCAB_FILE}")
     if len(found) < 2:
-        pad = hf.get("pad_token_id", HF_DEFAULTS["pad_token_id"])
+        pad = BERT.get(hf, "pad_token_id")
         free = [i for i in range(3) if i != pad and i not in found.values()]
         for ours in ("bos_id", "eos_id"):
             if ours not in found:
@@ -285,20 +274,6 @@ def _pooling_mode(path: Path, d_model: int, problems: list[str]) -> str:
 # -- the config ---------------------------------------------------------------------------------
 
 
-def _get(hf: Mapping[str, Any], key: str) -> Any:
-    return hf.get(key, HF_DEFAULTS.get(key))
-
-
-def check_types(hf: Any) -> None:
-    """ConfigError naming every key of HF_TYPES in `hf` whose JSON type is wrong: what follows
-    assumes these types."""
-    if not isinstance(hf, Mapping):
-        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
-    problems = [p for k, t in HF_TYPES.items() if k in hf and (p := type_problem(k, hf[k], *t))]
-    if problems:
-        raise ConfigError(problems)
-
-
 def bert_config(
     hf: Mapping[str, Any], ids: Mapping[str, int], pooling: Mapping[str, Any]
 ) -> TransformerConfig:
@@ -307,59 +282,47 @@ def bert_config(
 
     The mapping is in the module docstring. Every field it cannot express is refused, all at once,
     in one ConfigError naming the BERT key; a key of the wrong JSON type is refused first."""
-    check_types(hf)
-    problems: list[str] = []
-    if hf.get("model_type") != "bert":
-        problems.append(
-            f"model_type: {brief(hf.get('model_type'))} is not a BERT model (expected 'bert'; "
-            "RoBERTa-style models offset their positions by pad_token_id + 1)"
-        )
-    kind = _get(hf, "position_embedding_type")
+    BERT.check_types(hf)
+    get = BERT.get
+    problems = BERT.model_type_problems(hf)
+    kind = get(hf, "position_embedding_type")
     if kind != "absolute":
         problems.append(
             f"position_embedding_type: {brief(kind)} is not supported; the spec's learned "
             "positions are BERT's 'absolute' table (relative position scores have no field)"
         )
     for key, what in (("is_decoder", "causal self-attention"), ("add_cross_attention", "")):
-        if _get(hf, key):
+        if get(hf, key):
             problems.append(
                 f"{key}: true is not supported; --from bert imports the bidirectional encoder "
                 f"(BertModel){' without ' + what if what else ''}"
             )
-    act = _get(hf, "hidden_act")
-    if act not in ACTIVATIONS:
-        problems.append(
-            f"hidden_act: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
-        )
-    pad = _get(hf, "pad_token_id")
-    if not is_int(pad):
-        problems.append(f"pad_token_id: must be one token id (an integer), got {brief(pad)}")
+    activation = BERT.activation(hf, "hidden_act", problems)
+    pad = BERT.token_id(hf, "pad_token_id", problems)
     if problems:
         raise ConfigError(problems)
 
-    vocab = _get(hf, "vocab_size")
-    fields = {
-        "src_vocab_size": vocab,
-        "tgt_vocab_size": vocab,  # unused by an encoder-only model; bos_id indexes it
-        "d_model": _get(hf, "hidden_size"),
-        "num_heads": _get(hf, "num_attention_heads"),
-        "d_ff": _get(hf, "intermediate_size"),
-        "num_encoder_layers": _get(hf, "num_hidden_layers"),
-        "max_len": _get(hf, "max_position_embeddings"),
-        "dropout": _get(hf, "hidden_dropout_prob"),
-        "attention_dropout": _get(hf, "attention_probs_dropout_prob"),
-        **TABLE.fixed,
-        "layer_norm_eps": _get(hf, "layer_norm_eps"),
-        "activation": ACTIVATIONS[act],
-        "type_vocab_size": _get(hf, "type_vocab_size"),
-        "pad_id": pad,
-        **ids,
-        **pooling,
-    }
-    try:
-        return TransformerConfig(**fields)
-    except ConfigError as exc:  # name the BERT key behind each of our fields
-        raise ConfigError([name_hf_key(p, HF_FIELD, "BERT") for p in exc.problems]) from None
+    vocab = get(hf, "vocab_size")
+    return BERT.config(
+        {
+            "src_vocab_size": vocab,
+            "tgt_vocab_size": vocab,  # unused by an encoder-only model; bos_id indexes it
+            "d_model": get(hf, "hidden_size"),
+            "num_heads": get(hf, "num_attention_heads"),
+            "d_ff": get(hf, "intermediate_size"),
+            "num_encoder_layers": get(hf, "num_hidden_layers"),
+            "max_len": get(hf, "max_position_embeddings"),
+            "dropout": get(hf, "hidden_dropout_prob"),
+            "attention_dropout": get(hf, "attention_probs_dropout_prob"),
+            **TABLE.fixed,
+            "layer_norm_eps": get(hf, "layer_norm_eps"),
+            "activation": activation,
+            "type_vocab_size": get(hf, "type_vocab_size"),
+            "pad_id": pad,
+            **ids,
+            **pooling,
+        }
+    )
 
 
 # -- the tensors ---------------------------------------------------------------------------------
@@ -493,8 +456,8 @@ def import_bert(path: str | Path) -> BertImport:
     """Read a BERT folder whole: config.json, the weights, sentence-transformers' pooling."""
     folder = model_folder(path, "BERT")
     hf = read_config_json(folder)
-    check_types(hf)
-    d_model = hf.get("hidden_size", HF_DEFAULTS["hidden_size"])
+    BERT.check_types(hf)
+    d_model = BERT.get(hf, "hidden_size")
     pooling, pooling_notes = sentence_pooling(folder, d_model)
     ids, id_notes = special_ids(folder, hf)
     config = bert_config(hf, ids, pooling)

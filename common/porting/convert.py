@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, get_backend
+from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, native_backend, tensor_reader
 from transformer_rosetta.errors import RosettaError
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
 from transformer_rosetta.files.safe_read import regular_file, shown
@@ -28,7 +28,6 @@ from transformer_rosetta.porting.verify import (
     Provenance,
     VerificationFailed,
     difference_text,
-    native_backend,
     package_version,
     sha256_of,
     why_not_runnable,
@@ -78,22 +77,6 @@ SUFFIXES = {
 
 class ConvertError(RosettaError):
     """A conversion that cannot be done as asked (kind, config, destination)."""
-
-
-@runtime_checkable
-class TensorReader(Protocol):
-    """What the torch backend adds to read any .pt/.bin state_dict (an outside model's), so
-    that this module imports no framework itself."""
-
-    def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]: ...
-
-
-def tensor_reader() -> TensorReader:
-    """The torch backend, the reader of other models' .pt/.bin checkpoints."""
-    backend = get_backend("torch")
-    if not isinstance(backend, TensorReader):
-        raise TypeError(f"backend {backend.name!r} reads no outside .pt/.bin checkpoint")
-    return backend
 
 
 @dataclass(frozen=True)
@@ -149,12 +132,10 @@ def infer_source_kind(path: Path) -> str:
     kinds (a torch .pt/.bin is ours or an nn.Transformer's), from the tensor names inside."""
     if path.is_dir():
         if (path / "config.json").exists():
-            from transformer_rosetta.porting.bert import is_bert_folder
-            from transformer_rosetta.porting.gpt import is_gpt2_folder
+            from transformer_rosetta.porting.hf_folder import model_type_of
 
-            if is_gpt2_folder(path):
-                return "gpt2"
-            return "bert" if is_bert_folder(path) else "marian"
+            model_type = model_type_of(path)  # any other is read as Marian, which names it
+            return model_type if model_type in ("gpt2", "bert") else "marian"
         raise ConvertError(
             f"{path}: a folder without config.json; --from marian, bert and gpt2 expect a "
             "Hugging Face model folder"
@@ -331,7 +312,7 @@ def write_destination(
     elif kind in NATIVE_KINDS:
         native_backend(kind).save_native(path, config, tensors)
     elif kind == "marian":
-        from transformer_rosetta.porting.marian import write_marian_dir
+        from transformer_rosetta.porting.marian_export import write_marian_dir
 
         write_marian_dir(path, config, tensors)
     elif kind == "onnx":
@@ -388,7 +369,7 @@ def convert(
         raise ConvertError("source and destination are the same file")
     if to_kind == "marian":  # a folder of three files
         from transformer_rosetta.files.outputs import check_output_folder
-        from transformer_rosetta.porting.marian import EXPORT_FILES
+        from transformer_rosetta.porting.marian_export import EXPORT_FILES
 
         dst = check_output_folder(
             dst, EXPORT_FILES, what="DST", force=force, inputs=(src, *also_read)
@@ -503,17 +484,10 @@ def _provenance(src: Path, from_kind: str) -> Provenance:
     return Provenance(
         source=str(src),
         source_kind=from_kind,
-        source_sha256=_source_sha256(src),
+        source_sha256=sha256_of(src),
         converter=f"transformer-rosetta {package_version('transformer-rosetta')} (rosetta convert)",
         versions={"numpy": np.__version__, "safetensors": package_version("safetensors")},
     )
-
-
-def _source_sha256(src: Path) -> str:
-    """sha256_of the source; a sharded folder's covers its index and every shard (gpt.py)."""
-    from transformer_rosetta.porting.gpt import sharded_sha256
-
-    return (src.is_dir() and sharded_sha256(src)) or sha256_of(src)
 
 
 def _stamp(
@@ -529,7 +503,7 @@ def _stamp(
         carried = tokenizer_metadata(tokenizer) if tokenizer is not None else {}
         add_metadata(dst, {META_PROVENANCE: text, **carried})
     elif to_kind == "marian":
-        from transformer_rosetta.porting.marian import SAFETENSORS_FILE
+        from transformer_rosetta.porting.hf_folder import SAFETENSORS_FILE
 
         add_metadata(dst / SAFETENSORS_FILE, {META_PROVENANCE: text})
     elif to_kind == "onnx":

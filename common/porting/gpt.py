@@ -33,9 +33,6 @@ are `needs` (docs/PORTING.md, "Decoder-only models", says how to choose them).
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,30 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from transformer_rosetta.errors import ConfigError, WeightFileError
-from transformer_rosetta.files.safe_read import (
-    MAX_CONFIG_BYTES,
-    FileProblem,
-    brief,
-    is_int,
-    json_type,
-    listing,
-    read_json,
-    shown,
-    type_problem,
-)
+from transformer_rosetta.errors import ConfigError
+from transformer_rosetta.files.safe_read import brief, shown
 from transformer_rosetta.porting.hf_folder import (
-    CONFIG_FILE,
-    SAFETENSORS_FILE,
-    TORCH_FILE,
+    HfModel,
     model_folder,
-    name_hf_key,
     read_config_json,
     read_folder_weights,
-    read_json_file,
 )
-from transformer_rosetta.porting.marian import ACTIVATIONS
-from transformer_rosetta.porting.sources import read_source_tensors
 from transformer_rosetta.porting.table import (
     Computed,
     Constant,
@@ -359,32 +340,7 @@ _GPT2_REFUSED = {
     "add_cross_attention": (True, "true adds cross-attention, which a decoder-only model has not"),
     "tie_word_embeddings": (False, "false unties lm_head from wte; GPT-2's table ties them"),
 }
-GPT2_SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def is_gpt2_folder(path: str | Path) -> bool:
-    """Whether a folder's config.json says model_type "gpt2" (for `rosetta convert`'s guess)."""
-    try:
-        data = read_json(Path(path) / CONFIG_FILE, "a Hugging Face config.json", MAX_CONFIG_BYTES)
-    except FileProblem:
-        return False
-    return isinstance(data, dict) and data.get("model_type") == "gpt2"
-
-
-def _hf(hf: Mapping[str, Any], key: str) -> Any:
-    return hf.get(key, GPT2_HF_DEFAULTS.get(key))
-
-
-def _gpt2_token_id(hf: Mapping[str, Any], key: str, problems: list[str]) -> int | None:
-    value = _hf(hf, key)
-    if isinstance(value, list) and len(value) == 1:  # generation configs may list one id
-        value = value[0]
-    if value is None and key == "pad_token_id":
-        return None
-    if not is_int(value):
-        problems.append(f"{key}: must be one token id (an integer), got {brief(value)}")
-        return None
-    return value
+GPT2_HF = HfModel("GPT-2", "gpt2", GPT2_HF_DEFAULTS, GPT2_HF_TYPES, GPT2_HF_FIELD)
 
 
 def gpt2_config_fields(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -392,57 +348,46 @@ def gpt2_config_fields(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     the sizes, activation, eps, dropout and special ids. Every value the spec cannot express is
     refused in one ConfigError naming the GPT-2 key, a wrong JSON type first. pad_id is absent
     from the fields when config.json has no pad_token_id (GPT-2 has none): the caller chooses."""
-    if not isinstance(hf, Mapping):
-        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
-    types = [p for k, t in GPT2_HF_TYPES.items() if k in hf and (p := type_problem(k, hf[k], *t))]
-    if types:
-        raise ConfigError(types)
-    problems: list[str] = []
+    GPT2_HF.check_types(hf)
+    get = GPT2_HF.get
     notes: list[str] = []
-    if hf.get("model_type") != "gpt2":
-        problems.append(
-            f"model_type: {brief(hf.get('model_type'))} is not a GPT-2 model (expected 'gpt2')"
-        )
+    problems = GPT2_HF.model_type_problems(hf)
     for key, (bad, why) in _GPT2_REFUSED.items():
-        if _hf(hf, key) is bad:
+        if get(hf, key) is bad:
             problems.append(f"{key}: {why}")
-    act = _hf(hf, "activation_function")
-    if act not in ACTIVATIONS:
-        problems.append(
-            f"activation_function: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
-        )
+    activation = GPT2_HF.activation(hf, "activation_function", problems)
     ids = {
-        ours: _gpt2_token_id(hf, key, problems)
+        ours: GPT2_HF.token_id(hf, key, problems)
         for ours, key in (("bos_id", "bos_token_id"), ("eos_id", "eos_token_id"))
     }
-    pad = _gpt2_token_id(hf, "pad_token_id", problems)
+    pad = GPT2_HF.token_id(hf, "pad_token_id", problems, optional=True)
     if problems:
         raise ConfigError(problems)
-    if _hf(hf, "reorder_and_upcast_attn"):
+    if get(hf, "reorder_and_upcast_attn"):
         notes.append(
             "reorder_and_upcast_attn true: GPT-2 then computes its attention scores in float32 "
             "under autocast; the function is the same, so nothing changes in the import"
         )
-    if _hf(hf, "embd_pdrop") != _hf(hf, "resid_pdrop"):
+    if get(hf, "embd_pdrop") != get(hf, "resid_pdrop"):
         notes.append(
-            f"embd_pdrop {_hf(hf, 'embd_pdrop')} differs from resid_pdrop "
-            f"{_hf(hf, 'resid_pdrop')}: the spec has one dropout, imported as resid_pdrop "
+            f"embd_pdrop {get(hf, 'embd_pdrop')} differs from resid_pdrop "
+            f"{get(hf, 'resid_pdrop')}: the spec has one dropout, imported as resid_pdrop "
             "(training only; eval is the same)"
         )
-    n_embd = _hf(hf, "n_embd")
+    n_embd = get(hf, "n_embd")
     fields: dict[str, Any] = {
         **GPT2.fixed,
-        "src_vocab_size": _hf(hf, "vocab_size"),
-        "tgt_vocab_size": _hf(hf, "vocab_size"),
+        "src_vocab_size": get(hf, "vocab_size"),
+        "tgt_vocab_size": get(hf, "vocab_size"),
         "d_model": n_embd,
-        "num_heads": _hf(hf, "n_head"),
-        "d_ff": _hf(hf, "n_inner") if _hf(hf, "n_inner") is not None else 4 * n_embd,
-        "num_decoder_layers": _hf(hf, "n_layer"),
-        "max_len": _hf(hf, "n_positions"),
-        "dropout": _hf(hf, "resid_pdrop"),
-        "attention_dropout": _hf(hf, "attn_pdrop"),
-        "layer_norm_eps": _hf(hf, "layer_norm_epsilon"),
-        "activation": ACTIVATIONS[act],
+        "num_heads": get(hf, "n_head"),
+        "d_ff": get(hf, "n_inner") if get(hf, "n_inner") is not None else 4 * n_embd,
+        "num_decoder_layers": get(hf, "n_layer"),
+        "max_len": get(hf, "n_positions"),
+        "dropout": get(hf, "resid_pdrop"),
+        "attention_dropout": get(hf, "attn_pdrop"),
+        "layer_norm_eps": get(hf, "layer_norm_epsilon"),
+        "activation": activation,
         **ids,
     }
     if pad is not None:
@@ -457,82 +402,6 @@ def default_pad_id(fields: Mapping[str, Any]) -> int:
     frequent first, so the last ones are the rarest it learnt."""
     special = {fields.get("bos_id"), fields.get("eos_id")}
     return next(i for i in range(int(fields["tgt_vocab_size"]) - 1, -1, -1) if i not in special)
-
-
-def _shard_problem(name: Any) -> str | None:
-    if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
-        return f"{brief(name)} is not a file name in this folder"
-    return None
-
-
-def read_sharded_weights(folder: Path, index_name: str) -> dict[str, np.ndarray]:
-    """{name: array} of a sharded checkpoint: its index's `weight_map` (tensor -> shard file),
-    every shard read and checked to hold exactly the tensors the index gives it. Every problem
-    (a missing shard, a tensor the index names that its shard lacks, one it does not name) is
-    reported at once, in one WeightFileError naming the folder."""
-    index = read_json_file(folder / index_name, "a sharded checkpoint's index")
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise WeightFileError(
-            shown(folder), [f"{index_name}: weight_map must be an object of tensor -> shard file"]
-        )
-    by_shard: dict[str, set[str]] = {}
-    problems: list[str] = []
-    for tensor, shard in weight_map.items():
-        problem = _shard_problem(shard)
-        if problem:
-            problems.append(f"{index_name}: {brief(tensor)}: {problem}")
-        else:
-            by_shard.setdefault(shard, set()).add(tensor)
-    missing = [s for s in sorted(by_shard) if not os.path.lexists(folder / s)]
-    if missing:
-        problems.append(f"missing shard {listing(missing)} (named by {index_name})")
-    if problems:
-        raise WeightFileError(shown(folder), problems)
-    tensors: dict[str, np.ndarray] = {}
-    for shard, expected in sorted(by_shard.items()):
-        held = read_source_tensors(folder / shard)
-        absent = sorted(expected - held.keys())
-        extra = sorted(held.keys() - expected)
-        if absent:
-            problems.append(f"{shard}: lacks {listing(absent)}, which {index_name} puts there")
-        if extra:
-            problems.append(f"{shard}: holds {listing(extra)}, which {index_name} does not name")
-        tensors.update({k: v for k, v in held.items() if k in expected})
-    if problems:
-        raise WeightFileError(shown(folder), problems)
-    return tensors
-
-
-def read_gpt2_weights(folder: Path) -> dict[str, np.ndarray]:
-    """The folder's weights, as save_pretrained writes them: model.safetensors, its shards
-    (model.safetensors.index.json), pytorch_model.bin, or its shards, in that order of preference
-    (transformers' own)."""
-    for single, index in zip((SAFETENSORS_FILE, TORCH_FILE), GPT2_SHARD_INDEXES, strict=True):
-        if os.path.lexists(folder / single):
-            return read_source_tensors(folder / single)
-        if os.path.lexists(folder / index):
-            return read_sharded_weights(folder, index)
-    return read_folder_weights(folder)  # names what is missing
-
-
-def sharded_sha256(folder: Path) -> str | None:
-    """The sha256 of a folder whose weights are sharded and that has no single weight file:
-    one digest over its index file, then each shard it names, in name order (so that any changed
-    byte changes it). None for any other folder (verify.sha256_of hashes its one file)."""
-    if any((folder / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE)):
-        return None
-    for index in GPT2_SHARD_INDEXES:
-        if (folder / index).is_file():
-            weight_map = read_json_file(folder / index, "a sharded checkpoint's index")
-            shards = sorted(set((weight_map.get("weight_map") or {}).values()))
-            digest = hashlib.sha256()
-            for path in (folder / index, *(folder / s for s in shards)):
-                with open(path, "rb") as f:
-                    for chunk in iter(functools.partial(f.read, 1 << 20), b""):
-                        digest.update(chunk)
-            return digest.hexdigest()
-    return None
 
 
 @dataclass(frozen=True)
@@ -569,10 +438,7 @@ def gpt2_folder_config(
             "highest id that is not BOS or EOS; a key holding it is masked, which GPT-2 does not "
             "do: give pad_id in --config to choose an id your texts never hold"
         )
-    try:
-        return TransformerConfig.from_dict(fields), notes
-    except ConfigError as exc:  # name the GPT-2 key behind each of our fields
-        raise ConfigError([name_hf_key(p, GPT2_HF_FIELD, "GPT-2") for p in exc.problems]) from None
+    return GPT2_HF.config(fields), notes
 
 
 def import_gpt2_folder(path: str | Path, given: Mapping[str, Any] | None = None) -> GPT2Import:
@@ -580,7 +446,7 @@ def import_gpt2_folder(path: str | Path, given: Mapping[str, Any] | None = None)
     sharded or not. `given`: --config's fields (see gpt2_folder_config)."""
     folder = model_folder(path, "GPT-2")
     config, notes = gpt2_folder_config(read_config_json(folder), given)
-    tensors = to_canonical(GPT2, read_gpt2_weights(folder), config, shown(folder))
+    tensors = to_canonical(GPT2, read_folder_weights(folder), config, shown(folder))
     return GPT2Import(config, tensors, tuple(notes))
 
 

@@ -1,5 +1,7 @@
 """Import a Hugging Face MarianMTModel folder (`config.json` + `model.safetensors`, or a
-`pytorch_model.bin` read with `weights_only`), as numpy, with no framework imported here.
+`pytorch_model.bin` read with `weights_only`, either maybe in shards; common/porting/hf_folder.py
+reads the folder), as numpy, with no framework imported here. The way back, `--to marian`, is
+common/porting/marian_export.py.
 
 Marian (Junczys-Dowmunt et al. 2018, as ported to transformers) is the base Transformer of
 "Attention Is All You Need" with these choices, each mapped onto a field of our spec:
@@ -32,8 +34,6 @@ Anything our spec cannot express is refused with a ConfigError that names the Ma
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,30 +41,15 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError
-from transformer_rosetta.files.safe_read import (
-    brief,
-    is_int,
-    json_type,
-    type_problem,
-)
+from transformer_rosetta.files.safe_read import brief
 from transformer_rosetta.porting.hf_folder import (
-    CONFIG_FILE,
-    SAFETENSORS_FILE,
+    HfModel,
     model_folder,
-    name_hf_key,
     read_config_json,
     read_folder_weights,
 )
-from transformer_rosetta.porting.table import (
-    Buffer,
-    Rule,
-    Table,
-    from_canonical,
-    rows,
-    to_canonical,
-)
+from transformer_rosetta.porting.table import Buffer, Rule, Table, rows, to_canonical
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.names import canonical_specs
 
 # torch.nn.LayerNorm's default; every Marian LayerNorm is built without an eps argument.
 LAYER_NORM_EPS = 1e-5
@@ -94,19 +79,6 @@ HF_DEFAULTS: dict[str, Any] = {
     "eos_token_id": 0,
     "share_encoder_decoder_embeddings": True,
     "tie_word_embeddings": True,
-}
-
-# transformers' ACT2FN names -> ours. gelu_fast and gelu_accurate are the tanh form with
-# sqrt(2/pi) written as a constant (0.7978845608, 3e-12 off); gelu_python is the erf form.
-ACTIVATIONS = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_python_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_accurate": "gelu_tanh",
 }
 
 # Keys of older (BART-era) Marian configs. MarianMTModel ignores them and always computes the
@@ -162,12 +134,10 @@ LOGITS_BIAS = "final_logits_bias"
 
 
 def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(config.json as a dict, {name: array}) from a Hugging Face model folder.
-
-    model.safetensors is read with safetensors' numpy API. Without it, pytorch_model.bin is read
-    through the torch backend's `read_tensors` (torch.load with weights_only=True: loading never
-    runs code). Raises ConfigError for a missing or malformed config.json and WeightFileError for
-    a missing folder or weight file.
+    """(config.json as a dict, {name: array}) from a Hugging Face model folder, its weights
+    read as hf_folder reads every model's: model.safetensors, pytorch_model.bin (weights_only:
+    loading never runs code), or either in shards. Raises ConfigError for a missing or malformed
+    config.json and WeightFileError for a missing folder or weight file.
     """
     folder = model_folder(path, "Marian")
     return read_config_json(folder), read_folder_weights(folder)
@@ -175,23 +145,8 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
 
 # -- the config ---------------------------------------------------------------------------------
 
-
-def _get(hf: Mapping[str, Any], key: str) -> Any:
-    return hf.get(key, HF_DEFAULTS.get(key))
-
-
-def _token_id(hf: Mapping[str, Any], key: str, problems: list[str]) -> int:
-    value = _get(hf, key)
-    if isinstance(value, list) and len(value) == 1:  # eos_token_id may be a one-id list
-        value = value[0]
-    if not is_int(value):
-        problems.append(f"{key}: must be one token id (an integer), got {brief(value)}")
-        return 0
-    return value
-
-
-# The JSON type of every config.json key read here (token ids are checked by _token_id). A
-# wrong type is refused first, naming the key: the checks after this assume these types.
+# The JSON type of every config.json key read here (token ids are checked by HfModel.token_id).
+# A wrong type is refused first, naming the key: the checks after this assume these types.
 HF_TYPES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(
         (
@@ -225,18 +180,7 @@ HF_TYPES: dict[str, tuple[str, ...]] = {
         ("true or false",),
     ),
 }
-
-
-def hf_type_problems(hf: Mapping[str, Any]) -> list[str]:
-    """'key: must be an integer, got a string '512'' for every key of HF_TYPES in `hf` whose
-    JSON type is wrong."""
-    problems = []
-    for key, expected in HF_TYPES.items():
-        if key in hf:
-            problem = type_problem(key, hf[key], *expected)
-            if problem:
-                problems.append(problem)
-    return problems
+MARIAN = HfModel("Marian", "marian", HF_DEFAULTS, HF_TYPES, HF_FIELD)
 
 
 def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -246,93 +190,79 @@ def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     once, in one ConfigError naming the Marian key; a key of the wrong JSON type is refused
     before anything else.
     """
-    if not isinstance(hf, Mapping):
-        raise ConfigError([f"config.json must hold a JSON object, got {json_type(hf)}"])
-    type_problems = hf_type_problems(hf)
-    if type_problems:
-        raise ConfigError(type_problems)
-    problems: list[str] = []
-    model_type = hf.get("model_type")
-    if model_type != "marian":
-        problems.append(
-            f"model_type: {brief(model_type)} is not a Marian model (expected 'marian')"
-        )
+    MARIAN.check_types(hf)
+    get = MARIAN.get
+    problems = MARIAN.model_type_problems(hf)
     for key, (ok, why) in LEGACY_KEYS.items():
         if key in hf and hf[key] != ok:
             problems.append(f"{key}: {brief(hf[key])} is not supported; {why}")
     for key, what in UNEXPRESSIBLE_ZEROS.items():
-        value = _get(hf, key)
+        value = get(hf, key)
         if value:
             problems.append(
                 f"{key}: {brief(value)} ({what}) has no field in our spec; set it to 0 to import "
                 "(it changes training only)"
             )
-    heads = {k: _get(hf, k) for k in ("encoder_attention_heads", "decoder_attention_heads")}
+    heads = {k: get(hf, k) for k in ("encoder_attention_heads", "decoder_attention_heads")}
     if len(set(heads.values())) > 1:
         problems.append(
             f"encoder_attention_heads ({heads['encoder_attention_heads']}) and "
             f"decoder_attention_heads ({heads['decoder_attention_heads']}) differ; our spec has "
             "one num_heads"
         )
-    ffn = {k: _get(hf, k) for k in ("encoder_ffn_dim", "decoder_ffn_dim")}
+    ffn = {k: get(hf, k) for k in ("encoder_ffn_dim", "decoder_ffn_dim")}
     if len(set(ffn.values())) > 1:
         problems.append(
             f"encoder_ffn_dim ({ffn['encoder_ffn_dim']}) and decoder_ffn_dim "
             f"({ffn['decoder_ffn_dim']}) differ; our spec has one d_ff"
         )
-    act = _get(hf, "activation_function")
-    if act not in ACTIVATIONS:
-        problems.append(
-            f"activation_function: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}"
-        )
+    activation = MARIAN.activation(hf, "activation_function", problems)
 
-    vocab = _get(hf, "vocab_size")
-    decoder_vocab = _get(hf, "decoder_vocab_size") or vocab
-    share = bool(_get(hf, "share_encoder_decoder_embeddings"))
-    tie = bool(_get(hf, "tie_word_embeddings"))
+    vocab = get(hf, "vocab_size")
+    decoder_vocab = get(hf, "decoder_vocab_size") or vocab
+    share = bool(get(hf, "share_encoder_decoder_embeddings"))
+    tie = bool(get(hf, "tie_word_embeddings"))
     if share and decoder_vocab != vocab:
         problems.append(
             f"decoder_vocab_size: {decoder_vocab} differs from vocab_size {vocab}, but "
             "share_encoder_decoder_embeddings is true (one matrix cannot have both sizes)"
         )
-    pad_id = _token_id(hf, "pad_token_id", problems)
-    bos_id = _token_id(hf, "decoder_start_token_id", problems)
-    eos_id = _token_id(hf, "eos_token_id", problems)
+    pad_id = MARIAN.token_id(hf, "pad_token_id", problems)
+    bos_id = MARIAN.token_id(hf, "decoder_start_token_id", problems)
+    eos_id = MARIAN.token_id(hf, "eos_token_id", problems)
     if problems:
         raise ConfigError(problems)
 
     # transformers 5 ties encoder, decoder and output to model.shared only when both flags are on.
     shared = share and tie
-    fields = {
-        "src_vocab_size": vocab,
-        "tgt_vocab_size": vocab if share else decoder_vocab,
-        "d_model": _get(hf, "d_model"),
-        "num_heads": heads["encoder_attention_heads"],
-        "d_ff": ffn["encoder_ffn_dim"],
-        "num_encoder_layers": _get(hf, "encoder_layers"),
-        "num_decoder_layers": _get(hf, "decoder_layers"),
-        "max_len": _get(hf, "max_position_embeddings"),
-        "dropout": _get(hf, "dropout"),
-        "attention_dropout": _get(hf, "attention_dropout"),
-        "norm_position": "post",
-        "final_norm": False,
-        "layer_norm_eps": LAYER_NORM_EPS,
-        "activation": ACTIVATIONS[act],
-        "position_kind": "sinusoidal",
-        "sinusoid_layout": "concatenated",
-        "scale_embeddings": bool(_get(hf, "scale_embedding")),
-        "share_embeddings": shared,
-        "tie_output": tie,
-        "output_bias": True,
-        "attention_bias": True,
-        "pad_id": pad_id,
-        "bos_id": bos_id,
-        "eos_id": eos_id,
-    }
-    try:
-        return TransformerConfig(**fields)
-    except ConfigError as exc:  # name the Marian key behind each of our fields
-        raise ConfigError([name_hf_key(p, HF_FIELD, "Marian") for p in exc.problems]) from None
+    return MARIAN.config(
+        {
+            "src_vocab_size": vocab,
+            "tgt_vocab_size": vocab if share else decoder_vocab,
+            "d_model": get(hf, "d_model"),
+            "num_heads": heads["encoder_attention_heads"],
+            "d_ff": ffn["encoder_ffn_dim"],
+            "num_encoder_layers": get(hf, "encoder_layers"),
+            "num_decoder_layers": get(hf, "decoder_layers"),
+            "max_len": get(hf, "max_position_embeddings"),
+            "dropout": get(hf, "dropout"),
+            "attention_dropout": get(hf, "attention_dropout"),
+            "norm_position": "post",
+            "final_norm": False,
+            "layer_norm_eps": LAYER_NORM_EPS,
+            "activation": activation,
+            "position_kind": "sinusoidal",
+            "sinusoid_layout": "concatenated",
+            "scale_embeddings": bool(get(hf, "scale_embedding")),
+            "share_embeddings": shared,
+            "tie_output": tie,
+            "output_bias": True,
+            "attention_bias": True,
+            "pad_id": pad_id,
+            "bos_id": bos_id,
+            "eos_id": eos_id,
+        }
+    )
 
 
 # -- the tensors ---------------------------------------------------------------------------------
@@ -465,145 +395,3 @@ def mapping_table(config: TransformerConfig) -> list[tuple[str, str, str]]:
     canonical order, then the tied aliases and the dropped position tables. For
     docs/PORTING.md."""
     return rows(TABLE, config)
-
-
-# -- the way out: --to marian ----------------------------------------------------------------------
-
-# Ours -> transformers' ACT2FN name that computes it (gelu_new is the tanh form).
-EXPORT_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new"}
-GENERATION_FILE = "generation_config.json"
-EXPORT_FILES = (SAFETENSORS_FILE, CONFIG_FILE, GENERATION_FILE)
-
-
-def export_problems(c: TransformerConfig) -> list[str]:
-    """'field: why' for everything of `c` that a MarianMTModel cannot hold. A missing bias is not
-    among them: it is written as zeros, the same function."""
-    problems = []
-    if c.norm_position != "post":
-        problems.append("norm_position: MarianMTModel is post-norm (LayerNorm after each residual)")
-    if c.final_norm:
-        problems.append("final_norm: MarianMTModel has no final encoder or decoder LayerNorm")
-    if c.norm_kind != "layer_norm":
-        problems.append(f"norm_kind: MarianMTModel's norms are nn.LayerNorm, not {c.norm_kind!r}")
-    if c.layer_norm_eps != LAYER_NORM_EPS:
-        problems.append(
-            f"layer_norm_eps: MarianMTModel's LayerNorms use torch's default {LAYER_NORM_EPS:g}, "
-            f"and its config has no field for {c.layer_norm_eps:g}"
-        )
-    if c.position_kind != "sinusoidal":
-        problems.append("position_kind: MarianMTModel has fixed sinusoidal positions only")
-    elif c.sinusoid_layout != "concatenated":
-        problems.append(
-            "sinusoid_layout: MarianMTModel's sinusoids are concatenated (every sin, then every "
-            f"cos), not {c.sinusoid_layout!r}"
-        )
-    if c.key_dim is not None and c.key_dim * c.num_heads != c.d_model:
-        problems.append(f"key_dim: MarianMTModel's heads are d_model / heads wide, not {c.key_dim}")
-    if c.share_embeddings and not c.tie_output:
-        problems.append(
-            "share_embeddings: transformers 5 shares Marian's embedding only together with "
-            "tie_word_embeddings; a shared embedding with an untied output is three separate "
-            "matrices there: set share_embeddings to false"
-        )
-    return problems
-
-
-def hf_config_for(c: TransformerConfig) -> dict[str, Any]:
-    """config.json for `c`, the inverse of marian_config (export_problems must be empty)."""
-    return {
-        "model_type": "marian",
-        "architectures": ["MarianMTModel"],
-        "vocab_size": c.src_vocab_size,
-        "decoder_vocab_size": c.tgt_vocab_size,
-        "share_encoder_decoder_embeddings": c.share_embeddings,
-        "tie_word_embeddings": c.tie_output,
-        "d_model": c.d_model,
-        "encoder_layers": c.num_encoder_layers,
-        "decoder_layers": c.num_decoder_layers,
-        "encoder_attention_heads": c.num_heads,
-        "decoder_attention_heads": c.num_heads,
-        "encoder_ffn_dim": c.d_ff,
-        "decoder_ffn_dim": c.d_ff,
-        "max_position_embeddings": c.max_len,
-        "dropout": c.dropout,
-        "attention_dropout": c.attention_dropout,
-        "activation_dropout": 0.0,
-        "encoder_layerdrop": 0.0,
-        "decoder_layerdrop": 0.0,
-        "activation_function": EXPORT_ACTIVATIONS[c.activation],
-        "scale_embedding": c.scale_embeddings,
-        "pad_token_id": c.pad_id,
-        "eos_token_id": c.eos_id,
-        "decoder_start_token_id": c.bos_id,
-        "forced_eos_token_id": None,
-    }
-
-
-def generation_config_for(c: TransformerConfig) -> dict[str, Any]:
-    """generation_config.json: decoding starts where ours does (bos_id) and stops at eos_id,
-    with nothing forced, as common/decoding/search.py decodes."""
-    return {
-        "decoder_start_token_id": c.bos_id,
-        "eos_token_id": c.eos_id,
-        "pad_token_id": c.pad_id,
-        "forced_eos_token_id": None,
-    }
-
-
-def canonical_to_marian(
-    tensors: Mapping[str, np.ndarray], c: TransformerConfig
-) -> dict[str, np.ndarray]:
-    """MarianMTModel's state dict (the names save_pretrained writes) from canonical tensors. A
-    bias the config does not have is written as zeros: q/k/v/output biases without
-    attention_bias, final_logits_bias without output_bias."""
-    problems = export_problems(c)
-    if problems:
-        raise ConfigError(problems)
-    # Marian always has the biases: take the config that has them, with zeros where ours has none.
-    held = c.replace(attention_bias=True, output_bias=True)
-    full = dict(tensors)
-    dtype = np.asarray(next(iter(tensors.values()))).dtype
-    for spec in canonical_specs(held):
-        if spec.name not in full:
-            full[spec.name] = np.zeros(spec.shape, dtype=dtype)
-    return from_canonical(TABLE, full, held)
-
-
-def write_marian_dir(
-    folder: str | Path, c: TransformerConfig, tensors: Mapping[str, np.ndarray]
-) -> None:
-    """Write a MarianMTModel folder: model.safetensors, config.json, generation_config.json.
-
-    Everything is computed before the first byte is written (a config Marian cannot hold is a
-    ConfigError naming each field); each file is written atomically, the weights first, and if a
-    later file fails the files this call wrote are removed again (and the folder, if it made it)."""
-    from safetensors.numpy import save_file
-
-    from transformer_rosetta.files.outputs import atomic_write, make_folder, text_writer
-
-    state = canonical_to_marian(tensors, c)
-    texts = {
-        CONFIG_FILE: json.dumps(hf_config_for(c), indent=2) + "\n",
-        GENERATION_FILE: json.dumps(generation_config_for(c), indent=2) + "\n",
-    }
-    folder = Path(folder)
-    made = not folder.exists()
-    make_folder(folder, "DST")
-    written: list[Path] = []
-    try:
-        size = sum(a.nbytes for a in state.values())
-        atomic_write(
-            folder / SAFETENSORS_FILE,
-            lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
-            size,
-        )
-        written.append(folder / SAFETENSORS_FILE)
-        for name, text in texts.items():
-            atomic_write(folder / name, text_writer(text))
-            written.append(folder / name)
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        if made:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise

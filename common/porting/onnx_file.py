@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_rosetta.adapter.backends import get_backend, unavailable_reason
+from transformer_rosetta.adapter.backends import onnx_exporter, unavailable_reason
 from transformer_rosetta.errors import RosettaError
 from transformer_rosetta.files.memory import fits_problem
 from transformer_rosetta.files.outputs import atomic_write
@@ -108,8 +108,7 @@ def write_onnx(
     if problems:
         raise OnnxExportError("; ".join(problems))
     weights = {name: np.asarray(t, np.float32) for name, t in tensors.items()}
-    torch_backend: Any = get_backend("torch")  # export_onnx is torch's own, beyond Backend
-    model = torch_backend.export_onnx(
+    model: Any = onnx_exporter().export_onnx(  # an onnx.ModelProto (onnx ships no annotations)
         config, weights, graph=graph, attention=attention, max_steps=max_steps
     )
     labels = {"format": FORMAT, "config": config.to_json(), "graph": graph}

@@ -1,8 +1,8 @@
 """Read an outside model's weights as {name: numpy array}, whatever framework saved them, for the
 importer tables (common/porting/table.py). No code in a file ever runs:
 
-- `.pt` / `.bin`: a torch state_dict, through the torch backend's `read_tensors`
-  (torch.load with weights_only=True);
+- `.pt` / `.bin`: a torch state_dict, through the adapter's `tensor_reader` (the torch
+  backend's torch.load with weights_only=True);
 - `.h5` (a Keras `.weights.h5`): every HDF5 dataset, named by its path ("encoder/embedding/
   vars/0"), through h5py, which reads arrays and never unpickles;
 - `.safetensors`: every tensor, through safetensors' numpy API;
@@ -12,7 +12,6 @@ importer tables (common/porting/table.py). No code in a file ever runs:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -36,11 +35,10 @@ def read_source_tensors(path: str | Path) -> dict[str, np.ndarray]:
         raise WeightFileError(shown(path), [exc.problem]) from None
     suffix = path.suffix.lower()
     if suffix in (".pt", ".bin"):
-        from transformer_rosetta.adapter.backends import get_backend
+        from transformer_rosetta.adapter.backends import tensor_reader
 
         try:
-            torch_backend: Any = get_backend("torch")  # read_tensors is torch's own
-            return dict(torch_backend.read_tensors(path))
+            return tensor_reader().read_tensors(path)
         except BackendUnavailable as exc:
             raise WeightFileError(
                 shown(path), [f"reading a torch file needs torch ({exc})"]

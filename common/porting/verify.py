@@ -18,6 +18,7 @@ verification, and say why.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -26,18 +27,17 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypedDict, runtime_checkable
+from typing import TypedDict
 
 import numpy as np
 
 from transformer_rosetta.adapter.backends import (
     NATIVE_BACKENDS,
-    Backend,
-    NativeCheckpoints,
-    get_backend,
+    native_backend,
     unavailable_reason,
 )
 from transformer_rosetta.oracle import reference
+from transformer_rosetta.porting.hf_folder import digest_files
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import dtype_name
 from transformer_rosetta.spec.inputs import ragged_batch
@@ -70,41 +70,6 @@ class VerifyRecord(TypedDict, total=False):
     probe_rows: str
     versions: dict[str, str]
     not_run: str
-
-
-@runtime_checkable
-class NativeBackend(Backend, NativeCheckpoints, Protocol):
-    """A backend that also reads and writes its framework's own checkpoint (torch, tf, jax)."""
-
-
-@runtime_checkable
-class TransformersRunner(Protocol):
-    """What the torch backend adds to run transformers' own models on our probes (a Marian or
-    BERT folder's side of a verification); common/ imports no framework itself."""
-
-    def load_marian(self, folder: str | Path) -> object: ...
-
-    def marian_logits(self, model: object, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray: ...
-
-    def load_bert(self, folder: str | Path) -> object: ...
-
-    def bert_hidden_states(self, model: object, src: np.ndarray, pad_id: int) -> np.ndarray: ...
-
-
-def native_backend(kind: str) -> NativeBackend:
-    """The backend whose native checkpoint `kind` (a NATIVE_BACKENDS key) is."""
-    backend = get_backend(NATIVE_BACKENDS[kind])
-    if not isinstance(backend, NativeBackend):
-        raise TypeError(f"backend {backend.name!r} reads and writes no native checkpoint")
-    return backend
-
-
-def transformers_runner() -> TransformersRunner:
-    """The torch backend, which runs transformers' models (MarianMTModel, BertModel)."""
-    backend = get_backend("torch")
-    if not isinstance(backend, TransformersRunner):
-        raise TypeError(f"backend {backend.name!r} runs no transformers model")
-    return backend
 
 
 @dataclass(frozen=True)
@@ -156,17 +121,19 @@ def package_version(name: str) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    """A file's sha256; a folder's is that of its weights file (model.safetensors, else
-    pytorch_model.bin), the file the conversion read its tensors from."""
-    if path.is_dir():
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            if (path / name).is_file():
-                path = path / name
-                break
+    """A file's sha256. A Hugging Face folder's is one digest over the files it is read from
+    (hf_folder.digest_files: the weights, sharded or not, config.json and the small files beside
+    them), each as its path in the folder, its size and its bytes, in order of path: a changed
+    byte, a renamed file or one more file changes it."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    files = digest_files(path) if path.is_dir() else [path]
+    for file in files:
+        if file != path:  # a folder's file: its name and size first
+            name = file.relative_to(path).as_posix()
+            digest.update(f"{name}\0{file.stat().st_size}\0".encode("utf-8", "surrogateescape"))
+        with open(file, "rb") as f:
+            for chunk in iter(functools.partial(f.read, 1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -217,14 +184,15 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             dict(re.findall(r"([a-z_]+) ([0-9][^\s,/()]*)", framework)),
         )
     if kind == "marian":
-        torch_backend = transformers_runner()
-        marian = torch_backend.load_marian(path)
+        from transformer_rosetta.porting import transformers_models
+
+        marian = transformers_models.load_marian(path)
         version = package_version("transformers")
 
         def marian_logits(src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
             # A Marian model is an encoder-decoder: the probes give it both inputs.
             assert src is not None and tgt is not None
-            return torch_backend.marian_logits(marian, src, tgt)
+            return transformers_models.marian_logits(marian, src, tgt)
 
         return Runner(
             f"transformers {version} MarianMTModel (float32)",
@@ -234,14 +202,15 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             full_rows_only=True,
         )
     if kind == "bert":
-        torch_backend = transformers_runner()
-        bert = torch_backend.load_bert(path)
+        from transformer_rosetta.porting import transformers_models
+
+        bert = transformers_models.load_bert(path)
         version = package_version("transformers")
 
         def bert_outputs(src: np.ndarray | None, _tgt: np.ndarray | None) -> np.ndarray:
             # BERT is encoder-only: the probes give it src (and tgt None).
             assert src is not None
-            hidden = torch_backend.bert_hidden_states(bert, src, config.pad_id)
+            hidden = transformers_models.bert_hidden_states(bert, src, config.pad_id)
             # The pooled vector by the spec's own formula: BertModel has none of its own.
             pooled = reference.pool(config, hidden, src)
             return compared(ForwardOutput(None, hidden, pooled_output=pooled))

@@ -12,8 +12,9 @@ torch's has been both), so nothing here trusts a default:
 bfloat16 is a dtype, not a matmul precision: `--dtype bfloat16`, or `--precision bf16` in
 `rosetta bench`, which has no `--dtype` (BENCH_PRECISIONS).
 
-Each implementation maps a mode to its framework's switch in its model.py (`matmul_precision`),
-and each model applies its own mode around every call, so two models of one process may differ.
+Each implementation maps a mode to its framework's switch in its precision.py
+(`matmul_precision`), and each model applies its own mode around every call, so two models of one
+process may differ. Nothing is switched at import.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ and the frameworks' backends build these; the parity report and the tests read t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,6 +63,38 @@ class ForwardOutput:
     encoder_hidden_states: list[np.ndarray] | None = None
     decoder_hidden_states: list[np.ndarray] | None = None
     pooled_output: np.ndarray | None = None  # (B, d): encoder-only, config.pooling
+
+    @classmethod
+    def from_model(
+        cls,
+        out: Mapping[str, Any],
+        to_numpy: Callable[[Any], np.ndarray],
+        *,
+        attention: bool,
+        hidden_states: bool,
+    ) -> ForwardOutput:
+        """What every backend returns from its model's outputs: `out` maps each field's name to a
+        tensor, a list of tensors, or None (what the model's kind lacks), in the framework's own
+        arrays, and `to_numpy` converts one of them. The attention maps are kept only when asked
+        for (`attention`: the explicit path computed them), the hidden states only when asked for
+        (`hidden_states`); whatever is kept is converted, nothing else is."""
+        wanted = {
+            "encoder_self_attention": attention,
+            "decoder_self_attention": attention,
+            "cross_attention": attention,
+            "encoder_hidden_states": hidden_states,
+            "decoder_hidden_states": hidden_states,
+        }
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = out.get(f.name)
+            if value is None or not wanted.get(f.name, True):
+                values[f.name] = None
+            elif f.name in wanted:
+                values[f.name] = [to_numpy(a) for a in value]
+            else:
+                values[f.name] = to_numpy(value)
+        return cls(**values)
 
     def named(self) -> dict[str, np.ndarray]:
         """Every array under its canonical output name (see docs/PARITY.md); what the model's

@@ -1,13 +1,13 @@
 """The side-by-side pages of the Rosetta: docs/ROSETTA.md's concept sections and docs/rosetta.html.
 
-Both are built from `transformer_rosetta.app.idioms.excerpts()` (code cut from the implementations between
-`# rosetta:` markers) and, for the HTML page, the divergence catalogue of
-`transformer_rosetta.app.divergences`. `python -m transformer_rosetta.app.docs` writes them; both are deterministic (no
-dates), so its `--check` compares bytes. The HTML page is self-contained (inline CSS, no script,
+Both are built from `tools.docs.idioms.excerpts()` (code cut from the implementations by
+qualified name, or between `# rosetta:` markers inside a function) and, for the HTML page, the
+divergence catalogue of `tools.docs.divergences`. `python -m tools.docs` writes them; both are
+deterministic (no dates), so its `--check` compares bytes. The HTML page is self-contained (inline CSS, no script,
 no font or stylesheet from the network); its code is highlighted by Pygments, whose output
 changes between versions, which is why constraints.txt pins it.
 
-`python -m transformer_rosetta.app.rosetta_page --screenshot docs/rosetta.png` renders docs/rosetta.html in a
+`python -m tools.docs.rosetta_page --screenshot docs/rosetta.png` renders docs/rosetta.html in a
 headless Chromium driven by Selenium and saves a PNG; parity_tests/test_rosetta_page.py checks
 the page's layout the same way.
 """
@@ -25,14 +25,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer_rosetta.app.checkout import checkout_or_cwd
-from transformer_rosetta.app.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
+from tools.docs.checkout import ROOT
+from tools.docs.idioms import CONCEPTS, FRAMEWORKS, Excerpt, excerpts
 from transformer_rosetta.errors import RosettaError
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
 
-ROOT = checkout_or_cwd()
 PAGE = ROOT / "docs" / "rosetta.html"
 
 Table = dict[str, dict[str, list[Excerpt]]]
@@ -185,7 +184,7 @@ def _catalogue_html(catalogue: Sequence[dict[str, Any]]) -> list[str]:
         '<h2><a href="#the-divergence-catalogue">The divergence catalogue</a></h2>',
         "<p>Every place where a framework's default differs from the spec, what this project sets "
         "instead, and the measured cost of keeping the default "
-        "(<code>python -m transformer_rosetta.app.docs --measure divergences</code> measures each number).</p>",
+        "(<code>python -m tools.docs --measure divergences</code> measures each number).</p>",
     ]
     if not catalogue:
         out.append("<p>Nothing measured yet.</p>")
@@ -213,7 +212,7 @@ def html_page(table: Table | None = None, catalogue: Sequence[dict[str, Any]] | 
 
     table = excerpts() if table is None else table
     if catalogue is None:
-        from transformer_rosetta.app.divergences import load_catalogue
+        from tools.docs.divergences import load_catalogue
 
         catalogue = load_catalogue()
     formatter = HtmlFormatter(style="default", cssclass="highlight")
@@ -225,7 +224,7 @@ def html_page(table: Table | None = None, catalogue: Sequence[dict[str, Any]] | 
         "<head>",
         '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f'<meta name="generator" content="common/app/rosetta_page.py, Pygments '
+        f'<meta name="generator" content="tools/docs/rosetta_page.py, Pygments '
         f'{html.escape(pygments.__version__)}">',
         "<title>The Rosetta: one Transformer in PyTorch, Keras 3 and Flax NNX</title>",
         "<style>",
@@ -238,9 +237,10 @@ def html_page(table: Table | None = None, catalogue: Sequence[dict[str, Any]] | 
         "<p>Each row shows how the three implementations express one concept of the model, then "
         "why they differ. Every excerpt is cut from the code that the parity tests check "
         "(<code>parity_tests/</code>: the same logits, gradients, training steps and decoded "
-        "tokens), between <code># rosetta:</code> marker comments; each pane names its file and "
-        "line. Regenerate this page with <code>python -m transformer_rosetta.app.docs</code>; the test suite "
-        'fails when it is stale. <a href="ROSETTA.md">ROSETTA.md</a> has the same content.</p>',
+        "tokens): whole definitions named in <code>tools/docs/idioms.py</code>, or the lines "
+        "between <code># rosetta:</code> marker comments inside a function; each pane names its "
+        "file and line. Regenerate this page with <code>python -m tools.docs</code>; the test "
+        'suite fails when it is stale. <a href="ROSETTA.md">ROSETTA.md</a> has the same content.</p>',
         f'<nav class="toc">{toc} <a href="#the-divergence-catalogue">Divergence catalogue</a></nav>',
     ]
     for concept in CONCEPTS:
@@ -327,9 +327,7 @@ def screenshot(page: Path, png: Path, width: int = 1366, height: int = 900) -> N
 
     page = Path(page).resolve()
     if not page.is_file():
-        raise FileNotFoundError(
-            f"{page}: no such page (python -m transformer_rosetta.app.docs writes it)"
-        )
+        raise FileNotFoundError(f"{page}: no such page (python -m tools.docs writes it)")
     with headless_chromium(width, height) as driver:
         driver.get(page.as_uri())
         data = driver.get_screenshot_as_png()
@@ -338,7 +336,7 @@ def screenshot(page: Path, png: Path, width: int = 1366, height: int = 900) -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m transformer_rosetta.app.rosetta_page",
+        prog="python -m tools.docs.rosetta_page",
         description="Screenshot docs/rosetta.html in a headless Chromium.",
     )
     parser.add_argument("--screenshot", metavar="PNG", type=Path, required=True)
@@ -351,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.page.is_file():
         print(
-            f"{args.page}: no such page: run python -m transformer_rosetta.app.docs",
+            f"{args.page}: no such page: run python -m tools.docs",
             file=sys.stderr,
         )
         return 2

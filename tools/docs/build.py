@@ -1,10 +1,10 @@
 """Generates the docs' tables and pages from the code, so no doc can drift from it.
 
-`python -m transformer_rosetta.app.docs` rewrites every block between `<!-- BEGIN GENERATED: key -->` and
-`<!-- END GENERATED: key -->` in docs/FORMAT.md, PARITY.md, PORTING.md, RELIABILITY.md and
-ROSETTA.md, and docs/rosetta.html whole; `python -m transformer_rosetta.app.docs --check` exits 1 if any is
-stale (the test suite runs the check). `--measure [parity|divergences]` first re-measures the
-numbers the tables show.
+`python -m tools.docs` (run from the checkout: tools/docs/__main__.py) rewrites every block
+between `<!-- BEGIN GENERATED: key -->` and `<!-- END GENERATED: key -->` in docs/FORMAT.md,
+PARITY.md, PORTING.md, RELIABILITY.md and ROSETTA.md, and docs/rosetta.html whole;
+`python -m tools.docs --check` exits 1 if any is stale, naming it (the test suite runs the
+check). `--measure [parity|divergences]` first re-measures the numbers the tables show.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformer_rosetta.app.checkout import checkout, checkout_or_cwd
-from transformer_rosetta.errors import RosettaError
+from tools.docs.checkout import ROOT
 from transformer_rosetta.files.outputs import atomic_write, text_writer
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import canonical_specs
@@ -33,7 +32,7 @@ from transformer_rosetta.weights.format import (
     SAFETENSORS_DTYPES,
 )
 
-DOC = checkout_or_cwd() / "docs" / "FORMAT.md"
+DOC = ROOT / "docs" / "FORMAT.md"
 
 # A config whose sizes are all different numbers, so each number in a shape names one size.
 _PROBE: dict[str, Any] = dict(
@@ -458,22 +457,22 @@ ROSETTA_PAGE = DOC.with_name("rosetta.html")
 
 
 def rosetta_concepts() -> str:
-    """One section per concept of common/app/idioms.py, its three excerpts side by side."""
-    from transformer_rosetta.app.rosetta_page import concepts_markdown
+    """One section per concept of tools/docs/idioms.py, its three excerpts side by side."""
+    from tools.docs.rosetta_page import concepts_markdown
 
     return concepts_markdown()
 
 
 def rosetta_divergences() -> str:
     """The divergence catalogue, from docs/divergences.json (`--measure divergences`)."""
-    from transformer_rosetta.app.divergences import catalogue_table
+    from tools.docs.divergences import catalogue_table
 
     return catalogue_table()
 
 
 def rosetta_html() -> str:
     """docs/rosetta.html, whole: the same excerpts and catalogue as ROSETTA.md, in three columns."""
-    from transformer_rosetta.app.rosetta_page import html_page
+    from tools.docs.rosetta_page import html_page
 
     return html_page()
 
@@ -492,6 +491,8 @@ DOCUMENTS = {
 # Files generated whole rather than in blocks.
 WHOLE_FILES: dict[Path, Callable[[], str]] = {ROSETTA_PAGE: rosetta_html}
 MEASURE_KINDS = ("parity", "divergences")
+# What regenerates every generated doc, as the stale messages name it.
+COMMAND = "python -m tools.docs"
 
 
 def render(text: str, generators: dict[str, Callable[[], str]] = GENERATORS) -> str:
@@ -528,9 +529,8 @@ def _measure_kinds(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     """`--check`: exit 1 if a generated doc is stale. `--measure [parity|divergences]` (both when
     none is named) first measures: parity runs `rosetta parity --json` for each dtype into
-    docs/parity_measurements.json; divergences runs common/app/divergences.py into
+    docs/parity_measurements.json; divergences runs tools/docs/divergences.py into
     docs/divergences.json."""
-    checkout()  # the docs live in the repository, not in an installed package
     kinds = _measure_kinds(argv)
     if "parity" in kinds:
         import json
@@ -539,7 +539,7 @@ def main(argv: list[str]) -> int:
         atomic_write(MEASUREMENTS, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {MEASUREMENTS}")
     if "divergences" in kinds:
-        from transformer_rosetta.app.divergences import write_measurements
+        from tools.docs.divergences import write_measurements
 
         print(f"wrote {write_measurements()}")
     stale = []
@@ -555,17 +555,6 @@ def main(argv: list[str]) -> int:
                 atomic_write(doc, text_writer(fresh))
                 print(f"wrote {doc}")
     if "--check" in argv and stale:
-        print(
-            f"stale: {', '.join(map(str, stale))}: run python -m transformer_rosetta.app.docs",
-            file=sys.stderr,
-        )
+        print(f"stale: {', '.join(map(str, stale))}: run {COMMAND}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except RosettaError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)

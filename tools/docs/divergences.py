@@ -2,8 +2,9 @@
 this project sets instead, and the measured effect of keeping the default.
 
 Each entry of REGISTRY is one function that measures one number with the framework's own code,
-on the CPU, and the static text that says what was measured. `write_measurements()` runs them all
-(`python -m transformer_rosetta.app.docs --measure divergences`, or `python -m transformer_rosetta.app.divergences`) and
+on the CPU, registered by `@divergence(...)` with the static text that says what was measured;
+the function's name is the row's key. `write_measurements()` runs them all
+(`python -m tools.docs --measure divergences`, or `python -m tools.docs.divergences`) and
 writes docs/divergences.json; `catalogue_table()` renders that file as the table in
 docs/ROSETTA.md, so no number in the docs is typed in.
 
@@ -47,14 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from transformer_rosetta.app.checkout import checkout_or_cwd
+from tools.docs.checkout import ROOT
 from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.spec.config import TransformerConfig, preset
 from transformer_rosetta.spec.inputs import ragged_batch
 from transformer_rosetta.weights.init import init_weights
 
-MEASUREMENTS = checkout_or_cwd() / "docs" / "divergences.json"
-MEASURE_COMMAND = "python -m transformer_rosetta.app.docs --measure divergences"
+MEASUREMENTS = ROOT / "docs" / "divergences.json"
+MEASURE_COMMAND = "python -m tools.docs --measure divergences"
 # The keys of a record, in the order the JSON file lists them: the static text (the first seven),
 # then what was measured, where, and, for a row that depends on the hardware, each class's record.
 RECORD_KEYS = (
@@ -173,11 +174,12 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Divergence:
-    """One row of the catalogue: the text (static, so that the JSON can be checked against it
-    without any framework) and the function that measures its number.
+    """One row of the catalogue: its key (the measuring function's name), the text (static, so
+    that the JSON can be checked against it without any framework) and the function that
+    measures its number.
 
-    `needs` names the backend (transformer_rosetta.adapter.backends) whose framework the measurement imports,
-    None for numpy only. `cost` is "cheap" (seconds: the tests measure it again) or "slow".
+    `needs` names the backend (transformer_rosetta.adapter.backends) whose framework the
+    measurement imports, None for numpy only. `cost` is "cheap" (seconds: the tests measure it again) or "slow".
     `rtol` is the relative difference allowed when it is measured again (FLOAT64_RTOL unless
     the entry's point is float32 or bfloat16 rounding, which another CPU's kernels may sum in
     another order: ROUNDING_RTOL). `measure` returns the value, or (value, note), the note
@@ -253,17 +255,18 @@ class Divergence:
         }
 
 
-REGISTRY: list[Divergence] = []
+# Every row, by key, in the order of definition (the table's order): a row's key is the name of
+# the function that measures it.
+REGISTRY: dict[str, Divergence] = {}
 
 
-def entry(
-    key: str,
+def divergence(
+    *,
     topic: str,
     framework: str,
     default: str,
     ours: str,
     effect: str,
-    *,
     needs: str | None,
     show: Callable[[float | None], str] = scientific,
     cost: str = "cheap",
@@ -272,11 +275,10 @@ def entry(
     hardware: Hardware | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function, which returns the value (or (value, note), the note
-    shown in parentheses after it), as a catalogue row; rows keep the order of definition.
-    `depends_on` defaults to the hardware's text, else to FORMULA for a float64 row and to
-    SUMMATION_ORDER for a rounding row (rtol ROUNDING_RTOL)."""
-    if framework not in FRAMEWORK_NAMES:
-        raise ValueError(f"{key}: framework {framework!r} is not one of {FRAMEWORK_NAMES}")
+    shown in parentheses after it), as the catalogue row named after it (its `__name__` is the
+    row's key in docs/divergences.json); rows keep the order of definition. The texts are
+    Divergence's fields. `depends_on` defaults to the hardware's text, else to FORMULA for a
+    float64 row and to SUMMATION_ORDER for a rounding row (rtol ROUNDING_RTOL)."""
     if depends_on is None:
         if hardware is not None:
             depends_on = hardware.depends_on
@@ -284,24 +286,25 @@ def entry(
             depends_on = SUMMATION_ORDER if rtol == ROUNDING_RTOL else FORMULA
 
     def register(measure: Callable) -> Callable:
-        if any(d.key == key for d in REGISTRY):
+        key = measure.__name__
+        if framework not in FRAMEWORK_NAMES:
+            raise ValueError(f"{key}: framework {framework!r} is not one of {FRAMEWORK_NAMES}")
+        if key in REGISTRY:
             raise ValueError(f"two catalogue entries are called {key!r}")
-        REGISTRY.append(
-            Divergence(
-                key,
-                topic,
-                framework,
-                default,
-                ours,
-                effect,
-                measure,
-                needs,
-                show,
-                cost,
-                rtol,
-                depends_on,
-                hardware,
-            )
+        REGISTRY[key] = Divergence(
+            key=key,
+            topic=topic,
+            framework=framework,
+            default=default,
+            ours=ours,
+            effect=effect,
+            measure=measure,
+            needs=needs,
+            show=show,
+            cost=cost,
+            rtol=rtol,
+            depends_on=depends_on,
+            hardware=hardware,
         )
         return measure
 
@@ -401,7 +404,7 @@ def _check_default(what: str, found: Any, claimed: Any) -> None:
     if found != claimed:
         raise RuntimeError(
             f"{what}: the installed framework's default is {found!r}, the catalogue says "
-            f"{claimed!r}; update the entry in common/app/divergences.py"
+            f"{claimed!r}; update the entry in tools/docs/divergences.py"
         )
 
 
@@ -430,13 +433,12 @@ def _flax_layer_norms(model: Any) -> list[Any]:
     return [m for _, m in nnx.iter_graph(model.module) if isinstance(m, nnx.LayerNorm)]
 
 
-@entry(
-    "layer_norm_eps_torch",
-    "LayerNorm epsilon",
-    "PyTorch",
-    "`nn.LayerNorm(eps=1e-5)`",
-    "`eps=config.layer_norm_eps` (1e-6 in the presets), `torch_impl/model.py` `layer_norm`",
-    "max |Δ logits|, tiny preset, float64: every `nn.LayerNorm`'s `eps` set to the default",
+@divergence(
+    topic="LayerNorm epsilon",
+    framework="PyTorch",
+    default="`nn.LayerNorm(eps=1e-5)`",
+    ours="`eps=config.layer_norm_eps` (1e-6 in the presets), `torch_impl/model.py` `layer_norm`",
+    effect="max |Δ logits|, tiny preset, float64: every `nn.LayerNorm`'s `eps` set to the default",
     needs="torch",
 )
 def layer_norm_eps_torch() -> float:
@@ -449,14 +451,15 @@ def layer_norm_eps_torch() -> float:
     )
 
 
-@entry(
-    "layer_norm_eps_keras",
-    "LayerNorm epsilon",
-    "Keras",
-    "`LayerNormalization(epsilon=1e-3)`",
-    "`epsilon=config.layer_norm_eps` (1e-6 in the presets), `tf_impl/model.py` `layer_norm`",
-    "max |Δ logits|, tiny preset, float64: every `LayerNormalization`'s `epsilon` set to the "
-    "default",
+@divergence(
+    topic="LayerNorm epsilon",
+    framework="Keras",
+    default="`LayerNormalization(epsilon=1e-3)`",
+    ours="`epsilon=config.layer_norm_eps` (1e-6 in the presets), `tf_impl/model.py` `layer_norm`",
+    effect=(
+        "max |Δ logits|, tiny preset, float64: every `LayerNormalization`'s `epsilon` set to the "
+        "default"
+    ),
     needs="tf",
 )
 def layer_norm_eps_keras() -> float:
@@ -472,15 +475,16 @@ def layer_norm_eps_keras() -> float:
     )
 
 
-@entry(
-    "layer_norm_eps_flax",
-    "LayerNorm epsilon",
-    "Flax NNX",
-    "`nnx.LayerNorm(epsilon=1e-6)`",
-    "`epsilon=config.layer_norm_eps`, `jax_impl/model.py` `layer_norm`",
-    "max |Δ logits|, tiny preset with `layer_norm_eps` 1e-5 (as nn.Transformer and Marian "
-    "models have), float64: every `nnx.LayerNorm`'s `epsilon` set to the default (on the presets' "
-    "own 1e-6 the default happens to agree: 0)",
+@divergence(
+    topic="LayerNorm epsilon",
+    framework="Flax NNX",
+    default="`nnx.LayerNorm(epsilon=1e-6)`",
+    ours="`epsilon=config.layer_norm_eps`, `jax_impl/model.py` `layer_norm`",
+    effect=(
+        "max |Δ logits|, tiny preset with `layer_norm_eps` 1e-5 (as nn.Transformer and Marian "
+        "models have), float64: every `nnx.LayerNorm`'s `epsilon` set to the default (on the "
+        "presets' own 1e-6 the default happens to agree: 0)"
+    ),
     needs="jax",
     cost="slow",
 )
@@ -506,13 +510,12 @@ FAST_VARIANCE_DEFAULT = "`nnx.LayerNorm(use_fast_variance=True)`: var = E[x²] �
 FAST_VARIANCE_OURS = "`use_fast_variance=False`: E[(x − mean)²], `jax_impl/model.py` `layer_norm`"
 
 
-@entry(
-    "fast_variance_logits",
-    "LayerNorm variance formula",
-    "Flax NNX",
-    FAST_VARIANCE_DEFAULT,
-    FAST_VARIANCE_OURS,
-    "max |Δ logits|, tiny preset, float32: every `nnx.LayerNorm` with the default formula",
+@divergence(
+    topic="LayerNorm variance formula",
+    framework="Flax NNX",
+    default=FAST_VARIANCE_DEFAULT,
+    ours=FAST_VARIANCE_OURS,
+    effect="max |Δ logits|, tiny preset, float32: every `nnx.LayerNorm` with the default formula",
     needs="jax",
     cost="slow",
     rtol=SIZE_RTOL,
@@ -547,14 +550,15 @@ def layer_norm_offset_inputs(dtype: Any = np.float32) -> np.ndarray:
     return (OFFSET + rng.standard_normal((4, 16))).astype(dtype)
 
 
-@entry(
-    "fast_variance_offset",
-    "LayerNorm variance formula",
-    "Flax NNX",
-    FAST_VARIANCE_DEFAULT,
-    FAST_VARIANCE_OURS,
-    "max |Δ output| of one `nnx.LayerNorm` (16 features, unit gain, zero bias), float32, on "
-    "activations N(1e3, 1), where E[x²] − E[x]² cancels",
+@divergence(
+    topic="LayerNorm variance formula",
+    framework="Flax NNX",
+    default=FAST_VARIANCE_DEFAULT,
+    ours=FAST_VARIANCE_OURS,
+    effect=(
+        "max |Δ output| of one `nnx.LayerNorm` (16 features, unit gain, zero bias), float32, on "
+        "activations N(1e3, 1), where E[x²] − E[x]² cancels"
+    ),
     needs="jax",
     rtol=ROUNDING_RTOL,
 )
@@ -585,13 +589,15 @@ def fast_variance_offset() -> float:
 GELU_EFFECT = "max |Δ logits|, tiny preset with activation `gelu`, float64"
 
 
-@entry(
-    "gelu_approximate_jax",
-    "GELU form",
-    "JAX",
-    "`jax.nn.gelu(approximate=True)`: the tanh form",
-    '`approximate=False` (the erf form) for activation "gelu", `jax_impl/model.py` `ACTIVATIONS`',
-    GELU_EFFECT + ": the default `jax.nn.gelu` in every feed-forward layer",
+@divergence(
+    topic="GELU form",
+    framework="JAX",
+    default="`jax.nn.gelu(approximate=True)`: the tanh form",
+    ours=(
+        '`approximate=False` (the erf form) for activation "gelu", `jax_impl/model.py` '
+        "`ACTIVATIONS`"
+    ),
+    effect=GELU_EFFECT + ": the default `jax.nn.gelu` in every feed-forward layer",
     needs="jax",
     cost="slow",
 )
@@ -612,13 +618,12 @@ def gelu_approximate_jax() -> float:
     )
 
 
-@entry(
-    "gelu_approximate_keras",
-    "GELU form",
-    "Keras",
-    "`keras.ops.gelu(approximate=True)`: the tanh form",
-    "the erf form written in `keras.ops`, `tf_impl/model.py` `_gelu`",
-    GELU_EFFECT + ": the default `keras.ops.gelu` in every feed-forward layer",
+@divergence(
+    topic="GELU form",
+    framework="Keras",
+    default="`keras.ops.gelu(approximate=True)`: the tanh form",
+    ours="the erf form written in `keras.ops`, `tf_impl/model.py` `_gelu`",
+    effect=GELU_EFFECT + ": the default `keras.ops.gelu` in every feed-forward layer",
     needs="tf",
 )
 def gelu_approximate_keras() -> float:
@@ -638,13 +643,14 @@ def gelu_approximate_keras() -> float:
     )
 
 
-@entry(
-    "gelu_float32_constants_tf",
-    "GELU constants",
-    "TensorFlow",
-    "`keras.ops.gelu(approximate=False)` is `tf.nn.gelu`, whose constants pass through float32",
-    "the erf form written in `keras.ops`, `tf_impl/model.py` `_gelu`",
-    GELU_EFFECT + ": `keras.ops.gelu(x, approximate=False)` in every feed-forward layer",
+@divergence(
+    topic="GELU constants",
+    framework="TensorFlow",
+    default=(
+        "`keras.ops.gelu(approximate=False)` is `tf.nn.gelu`, whose constants pass through float32"
+    ),
+    ours="the erf form written in `keras.ops`, `tf_impl/model.py` `_gelu`",
+    effect=GELU_EFFECT + ": `keras.ops.gelu(x, approximate=False)` in every feed-forward layer",
     needs="tf",
 )
 def gelu_float32_constants_tf() -> float:
@@ -684,14 +690,17 @@ def masked_row_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, k, np.eye(MASKED_KEYS, dtype=np.float32)
 
 
-@entry(
-    "masked_row_softmax_torch",
-    "Fully masked attention row",
-    "PyTorch",
-    "scores `masked_fill`ed with −inf, then `torch.softmax`: a row with no allowed key is 0/0",
-    "the finite minimum, then the probabilities zeroed where masked, "
-    "`torch_impl/model.py` `explicit_attention`; " + MASKED_OURS,
-    MASKED_EFFECT,
+@divergence(
+    topic="Fully masked attention row",
+    framework="PyTorch",
+    default=(
+        "scores `masked_fill`ed with −inf, then `torch.softmax`: a row with no allowed key is 0/0"
+    ),
+    ours=(
+        "the finite minimum, then the probabilities zeroed where masked, "
+        "`torch_impl/model.py` `explicit_attention`; " + MASKED_OURS
+    ),
+    effect=MASKED_EFFECT,
     needs="torch",
     depends_on=EXACT,
 )
@@ -704,14 +713,15 @@ def masked_row_softmax_torch() -> float:
     return float((torch.softmax(scores, dim=-1) @ v).abs().max())
 
 
-@entry(
-    "masked_row_sdpa_torch",
-    "Fully masked attention row",
-    "PyTorch",
-    "`F.scaled_dot_product_attention` with a boolean mask row that is all False",
-    "the context masked to 0 afterwards all the same (CUDA kernels may give NaN), "
-    "`torch_impl/model.py` `fused_attention`",
-    MASKED_EFFECT,
+@divergence(
+    topic="Fully masked attention row",
+    framework="PyTorch",
+    default="`F.scaled_dot_product_attention` with a boolean mask row that is all False",
+    ours=(
+        "the context masked to 0 afterwards all the same (CUDA kernels may give NaN), "
+        "`torch_impl/model.py` `fused_attention`"
+    ),
+    effect=MASKED_EFFECT,
     needs="torch",
     show=_uniform_or_scientific(MASKED_KEYS),
     depends_on="the device: exact 0 on the CPU; CUDA kernels may give NaN (not measured here)",
@@ -725,13 +735,16 @@ def masked_row_sdpa_torch() -> float:
     return float(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).abs().max())
 
 
-@entry(
-    "masked_row_jax",
-    "Fully masked attention row",
-    "JAX",
-    "`jax.nn.dot_product_attention`: a row with no allowed key averages every value uniformly",
-    "rows with no allowed key set to 0 after the kernel, `jax_impl/model.py` `fused_attention`",
-    MASKED_EFFECT,
+@divergence(
+    topic="Fully masked attention row",
+    framework="JAX",
+    default=(
+        "`jax.nn.dot_product_attention`: a row with no allowed key averages every value uniformly"
+    ),
+    ours=(
+        "rows with no allowed key set to 0 after the kernel, `jax_impl/model.py` `fused_attention`"
+    ),
+    effect=MASKED_EFFECT,
     needs="jax",
     show=_uniform_or_scientific(MASKED_KEYS),
     depends_on=EXACT,
@@ -748,13 +761,15 @@ def masked_row_jax() -> float:
     return float(jnp.max(jnp.abs(jax.nn.dot_product_attention(q, k, v, mask=mask))))
 
 
-@entry(
-    "masked_row_keras",
-    "Fully masked attention row",
-    "Keras",
-    "`keras.ops.dot_product_attention`: a row with no allowed key averages every value uniformly",
-    "rows with no allowed key set to 0 after the kernel, `tf_impl/model.py` `fused_attention`",
-    MASKED_EFFECT,
+@divergence(
+    topic="Fully masked attention row",
+    framework="Keras",
+    default=(
+        "`keras.ops.dot_product_attention`: a row with no allowed key averages every value "
+        "uniformly"
+    ),
+    ours="rows with no allowed key set to 0 after the kernel, `tf_impl/model.py` `fused_attention`",
+    effect=MASKED_EFFECT,
     needs="tf",
     show=_uniform_or_scientific(MASKED_KEYS),
     depends_on=EXACT,
@@ -774,14 +789,17 @@ def masked_row_keras() -> float:
 # -- attention kernels in a float64 model ----------------------------------------------------------
 
 
-@entry(
-    "fused_attention_float64_jax",
-    "Fused attention in float64",
-    "JAX",
-    "`jax.nn.dot_product_attention` computes its softmax in float32 whatever the input dtype",
-    "float64 models take the explicit attention on both paths, `jax_impl/model.py` "
-    "`MultiHeadAttention`",
-    "max |Δ logits|, tiny preset, float64: every attention through the kernel",
+@divergence(
+    topic="Fused attention in float64",
+    framework="JAX",
+    default=(
+        "`jax.nn.dot_product_attention` computes its softmax in float32 whatever the input dtype"
+    ),
+    ours=(
+        "float64 models take the explicit attention on both paths, `jax_impl/model.py` "
+        "`MultiHeadAttention`"
+    ),
+    effect="max |Δ logits|, tiny preset, float64: every attention through the kernel",
     needs="jax",
     cost="slow",
 )
@@ -802,14 +820,17 @@ def fused_attention_float64_jax() -> float:
     )
 
 
-@entry(
-    "attention_scale_float32_tf",
-    "Attention scale in float64",
-    "TensorFlow",
-    "`keras.ops.dot_product_attention(scale=1/sqrt(d_k))`: a Python float scale becomes a "
-    "float32 tensor",
-    "q divided by sqrt(d_k) first, then `scale=1.0`, `tf_impl/model.py` `fused_attention`",
-    "max |Δ logits|, tiny preset, float64, fused path: the scale passed to the kernel instead",
+@divergence(
+    topic="Attention scale in float64",
+    framework="TensorFlow",
+    default=(
+        "`keras.ops.dot_product_attention(scale=1/sqrt(d_k))`: a Python float scale becomes a "
+        "float32 tensor"
+    ),
+    ours="q divided by sqrt(d_k) first, then `scale=1.0`, `tf_impl/model.py` `fused_attention`",
+    effect=(
+        "max |Δ logits|, tiny preset, float64, fused path: the scale passed to the kernel instead"
+    ),
     needs="tf",
 )
 def attention_scale_float32_tf() -> float:
@@ -929,14 +950,15 @@ def _adam_effect(a: str, b: str) -> tuple[float, str]:
     return max_abs_diff(loss_a, loss_b), f"weights: {scientific(weights)}"
 
 
-@entry(
-    "adam_epsilon_placement_keras",
-    "Adam epsilon placement",
-    "Keras",
-    "`keras.optimizers.Adam`: eps on sqrt(v) before the bias correction",
-    "eps on sqrt(v_hat), as torch, optax and `common/oracle/training.py`: `tf_impl/train.py` "
-    "`Adam.update_step`",
-    ADAM_EFFECT + "; the stock Adam given float64 betas, so that only the placement differs",
+@divergence(
+    topic="Adam epsilon placement",
+    framework="Keras",
+    default="`keras.optimizers.Adam`: eps on sqrt(v) before the bias correction",
+    ours=(
+        "eps on sqrt(v_hat), as torch, optax and `common/oracle/training.py`: `tf_impl/train.py` "
+        "`Adam.update_step`"
+    ),
+    effect=ADAM_EFFECT + "; the stock Adam given float64 betas, so that only the placement differs",
     needs="tf",
     cost="slow",
 )
@@ -944,13 +966,12 @@ def adam_epsilon_placement_keras() -> tuple[float, str]:
     return _adam_effect("stock_float64_betas", "ours")
 
 
-@entry(
-    "adam_float32_betas_tf",
-    "Adam betas in a float64 model",
-    "TensorFlow",
-    "Keras's Adam `ops.cast(beta_1, 'float64')` goes through float32 (0.8999999761581421)",
-    "`ops.convert_to_tensor(beta, dtype=...)`, `tf_impl/train.py` `Adam._step_scalars`",
-    ADAM_EFFECT + "; the stock Adam with the betas as Python floats vs as float64 tensors",
+@divergence(
+    topic="Adam betas in a float64 model",
+    framework="TensorFlow",
+    default="Keras's Adam `ops.cast(beta_1, 'float64')` goes through float32 (0.8999999761581421)",
+    ours="`ops.convert_to_tensor(beta, dtype=...)`, `tf_impl/train.py` `Adam._step_scalars`",
+    effect=ADAM_EFFECT + "; the stock Adam with the betas as Python floats vs as float64 tensors",
     needs="tf",
     cost="slow",
 )
@@ -958,13 +979,12 @@ def adam_float32_betas_tf() -> tuple[float, str]:
     return _adam_effect("stock", "stock_float64_betas")
 
 
-@entry(
-    "adam_default_epsilon_keras",
-    "Adam epsilon value",
-    "Keras",
-    "`keras.optimizers.Adam(epsilon=1e-7)`",
-    "1e-9 (section 5.3), `common/oracle/training.py` `ADAM_EPS`",
-    ADAM_EFFECT + "; this project's Adam with eps 1e-7",
+@divergence(
+    topic="Adam epsilon value",
+    framework="Keras",
+    default="`keras.optimizers.Adam(epsilon=1e-7)`",
+    ours="1e-9 (section 5.3), `common/oracle/training.py` `ADAM_EPS`",
+    effect=ADAM_EFFECT + "; this project's Adam with eps 1e-7",
     needs="tf",
     cost="slow",
 )
@@ -1045,14 +1065,18 @@ TF32_EFFECT = (
 )
 
 
-@entry(
-    "tf32_jax",
-    "TF32 products on GPUs",
-    "JAX",
-    "default matmul precision on an NVIDIA GPU (Ampere or later): float32 operands rounded to TF32",
-    '`jax.default_matmul_precision("highest")` around every call, `jax_impl/model.py` '
-    "`matmul_precision`",
-    TF32_EFFECT,
+@divergence(
+    topic="TF32 products on GPUs",
+    framework="JAX",
+    default=(
+        "default matmul precision on an NVIDIA GPU (Ampere or later): float32 operands rounded to "
+        "TF32"
+    ),
+    ours=(
+        '`jax.default_matmul_precision("highest")` around every call, `jax_impl/precision.py` '
+        "`matmul_precision`"
+    ),
+    effect=TF32_EFFECT,
     needs=None,
     depends_on=TF32_GPU,
 )
@@ -1060,13 +1084,12 @@ def tf32_jax() -> float:
     return tf32_emulated_effect()
 
 
-@entry(
-    "tf32_tf",
-    "TF32 products on GPUs",
-    "TensorFlow",
-    "`enable_tensor_float_32_execution` on by default (Ampere or later GPUs)",
-    "off around every call, `tf_impl/model.py` `matmul_precision`",
-    TF32_EFFECT,
+@divergence(
+    topic="TF32 products on GPUs",
+    framework="TensorFlow",
+    default="`enable_tensor_float_32_execution` on by default (Ampere or later GPUs)",
+    ours="off around every call, `tf_impl/precision.py` `matmul_precision`",
+    effect=TF32_EFFECT,
     needs=None,
     depends_on=TF32_GPU,
 )
@@ -1171,13 +1194,12 @@ SOFTMAX_EFFECT = (
 SOFTMAX_OURS = "scores cast to float32 (`statistics_dtype`), the probabilities rounded once"
 
 
-@entry(
-    "bf16_softmax_jax",
-    "Softmax statistics in bfloat16",
-    "JAX",
-    "`jax.nn.softmax` on bfloat16 scores computes in bfloat16",
-    SOFTMAX_OURS + ", `jax_impl/model.py` `explicit_attention`",
-    SOFTMAX_EFFECT,
+@divergence(
+    topic="Softmax statistics in bfloat16",
+    framework="JAX",
+    default="`jax.nn.softmax` on bfloat16 scores computes in bfloat16",
+    ours=SOFTMAX_OURS + ", `jax_impl/model.py` `explicit_attention`",
+    effect=SOFTMAX_EFFECT,
     rtol=ROUNDING_RTOL,
     needs="jax",
 )
@@ -1194,14 +1216,15 @@ def bf16_softmax_jax() -> tuple[float, str]:
     return max_abs_diff(got, exact), f"one rounding: {scientific(_rounded_once(exact))}"
 
 
-@entry(
-    "bf16_softmax_keras",
-    "Softmax statistics in bfloat16",
-    "Keras",
-    "`keras.ops.softmax` on bfloat16 scores (TensorFlow, CPU): in bfloat16 with Eigen, in "
-    "float32 with oneDNN",
-    SOFTMAX_OURS + ", `tf_impl/model.py` `explicit_attention`",
-    SOFTMAX_EFFECT,
+@divergence(
+    topic="Softmax statistics in bfloat16",
+    framework="Keras",
+    default=(
+        "`keras.ops.softmax` on bfloat16 scores (TensorFlow, CPU): in bfloat16 with Eigen, in "
+        "float32 with oneDNN"
+    ),
+    ours=SOFTMAX_OURS + ", `tf_impl/model.py` `explicit_attention`",
+    effect=SOFTMAX_EFFECT,
     rtol=ROUNDING_RTOL,
     needs="tf",
     hardware=TF_BF16,
@@ -1235,14 +1258,15 @@ BF16_PRODUCT_EFFECT = (
 )
 
 
-@entry(
-    "bf16_matmul_tf",
-    "bfloat16 products on CPU",
-    "TensorFlow",
-    "`tf.matmul` on bfloat16 (CPU), where `keras.ops.einsum` sends the model's products: Eigen "
-    "truncates the float32 result to bfloat16, oneDNN rounds it to nearest",
-    "kept: within the bfloat16 bound (docs/PARITY.md) on either",
-    BF16_PRODUCT_EFFECT + "; through `keras.ops.einsum`",
+@divergence(
+    topic="bfloat16 products on CPU",
+    framework="TensorFlow",
+    default=(
+        "`tf.matmul` on bfloat16 (CPU), where `keras.ops.einsum` sends the model's products: Eigen "
+        "truncates the float32 result to bfloat16, oneDNN rounds it to nearest"
+    ),
+    ours="kept: within the bfloat16 bound (docs/PARITY.md) on either",
+    effect=BF16_PRODUCT_EFFECT + "; through `keras.ops.einsum`",
     rtol=ROUNDING_RTOL,
     needs="tf",
     hardware=TF_BF16,
@@ -1261,14 +1285,15 @@ def bf16_matmul_tf() -> tuple[float, str]:
     return _bf16_product_error(product)
 
 
-@entry(
-    "bf16_einsum_tf",
-    "bfloat16 products on CPU",
-    "TensorFlow",
-    "`tf.einsum` on bfloat16 (CPU): Eigen sums the partial products in bfloat16; oneDNN as "
-    "its matmul",
-    "not used: `keras.ops.einsum` sends the model's products to `tf.matmul`",
-    BF16_PRODUCT_EFFECT + "; through `tf.einsum`",
+@divergence(
+    topic="bfloat16 products on CPU",
+    framework="TensorFlow",
+    default=(
+        "`tf.einsum` on bfloat16 (CPU): Eigen sums the partial products in bfloat16; oneDNN as "
+        "its matmul"
+    ),
+    ours="not used: `keras.ops.einsum` sends the model's products to `tf.matmul`",
+    effect=BF16_PRODUCT_EFFECT + "; through `tf.einsum`",
     rtol=ROUNDING_RTOL,
     needs="tf",
     hardware=TF_BF16,
@@ -1294,16 +1319,19 @@ BIAS_ADD_CONFIG = dict(d_model=2, num_heads=2, d_ff=4)
 BIAS_ADD_ATTENTION = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 
 
-@entry(
-    "einsum_dense_bias_keras",
-    "Per-head bias add",
-    "Keras",
-    "`layers.EinsumDense` adds its bias with `ops.add`, which Keras 3.15 on TensorFlow turns into "
-    "`tf.nn.bias_add` in NCHW layout when the bias's length matches x.shape[1]",
-    "`HeadProjection`, an `EinsumDense` that adds its bias with `+`, `tf_impl/model.py`",
-    "max |Δ attention probabilities| over every map, tiny preset with d_model 2 and 2 heads "
-    "(d_k = 1), batch 2 of 2/2 tokens, float64: stock `EinsumDense` projections vs "
-    "`HeadProjection` (in parentheses: max |Δ logits|)",
+@divergence(
+    topic="Per-head bias add",
+    framework="Keras",
+    default=(
+        "`layers.EinsumDense` adds its bias with `ops.add`, which Keras 3.15 on TensorFlow turns "
+        "into `tf.nn.bias_add` in NCHW layout when the bias's length matches x.shape[1]"
+    ),
+    ours="`HeadProjection`, an `EinsumDense` that adds its bias with `+`, `tf_impl/model.py`",
+    effect=(
+        "max |Δ attention probabilities| over every map, tiny preset with d_model 2 and 2 heads "
+        "(d_k = 1), batch 2 of 2/2 tokens, float64: stock `EinsumDense` projections vs "
+        "`HeadProjection` (in parentheses: max |Δ logits|)"
+    ),
     needs="tf",
 )
 def einsum_dense_bias_keras() -> tuple[float, str]:
@@ -1331,17 +1359,22 @@ def einsum_dense_bias_keras() -> tuple[float, str]:
 # -- 10. nn.Transformer's fast path ----------------------------------------------------------------
 
 
-@entry(
-    "nn_transformer_fast_path",
-    "Padded positions in the encoder",
-    "nn.Transformer",
-    "the fast path (eval, no grad, a key padding mask) drops padded positions: they come back "
-    "as 0, then the final norm's bias",
-    "every position computed, as the slow path does (`rosetta convert --from nn-transformer`; "
-    "tests force the slow path with `torch.backends.mha.set_fastpath_enabled(False)`)",
-    "max |Δ encoder output| at padded positions, fast path vs slow path, "
-    "`nn.TransformerEncoder` with the tiny preset's sizes and random weights and biases, "
-    "float64, a 4 x 9 batch with padding (in parentheses: at real positions)",
+@divergence(
+    topic="Padded positions in the encoder",
+    framework="nn.Transformer",
+    default=(
+        "the fast path (eval, no grad, a key padding mask) drops padded positions: they come back "
+        "as 0, then the final norm's bias"
+    ),
+    ours=(
+        "every position computed, as the slow path does (`rosetta convert --from nn-transformer`; "
+        "tests force the slow path with `torch.backends.mha.set_fastpath_enabled(False)`)"
+    ),
+    effect=(
+        "max |Δ encoder output| at padded positions, fast path vs slow path, "
+        "`nn.TransformerEncoder` with the tiny preset's sizes and random weights and biases, "
+        "float64, a 4 x 9 batch with padding (in parentheses: at real positions)"
+    ),
     needs="torch",
 )
 def nn_transformer_fast_path() -> tuple[float, str]:
@@ -1412,43 +1445,41 @@ def measure_all(
     elsewhere = _measure_other_classes(say)
     earlier = {row["key"]: row for row in previous or []}
     records = []
-    for i, divergence in enumerate(REGISTRY, 1):
-        say(f"[{i}/{len(REGISTRY)}] {divergence.key}")
-        hardware = divergence.hardware
+    for i, entry in enumerate(REGISTRY.values(), 1):
+        say(f"[{i}/{len(REGISTRY)}] {entry.key}")
+        hardware = entry.hardware
         if hardware is None:
-            records.append(divergence.record())
+            records.append(entry.record())
             continue
-        here = divergence.class_record()
+        here = entry.class_record()
         if here["class"] not in hardware.classes:
             raise RuntimeError(
-                f"{divergence.key}: this machine is in class {here['class']!r}, which the "
+                f"{entry.key}: this machine is in class {here['class']!r}, which the "
                 f"catalogue does not describe (it knows {', '.join(hardware.classes)})"
             )
         classes = {here["class"]: here}
         for name in hardware.classes:
             if name in classes:
                 continue
-            kept = [
-                c for c in earlier.get(divergence.key, {}).get("classes", []) if c["class"] == name
-            ]
-            found = elsewhere.get((divergence.key, name)) or (kept[0] if kept else None)
+            kept = [c for c in earlier.get(entry.key, {}).get("classes", []) if c["class"] == name]
+            found = elsewhere.get((entry.key, name)) or (kept[0] if kept else None)
             if found is None:
-                say(f"  {divergence.key}: class {name} cannot be measured here and has no record")
+                say(f"  {entry.key}: class {name} cannot be measured here and has no record")
             else:
                 classes[name] = found
-        records.append(divergence.record(list(classes.values())))
+        records.append(entry.record(list(classes.values())))
     return records
 
 
 def measure_classes(keys: list[str], environment: dict[str, str]) -> list[dict]:
     """The class records of the hardware-dependent entries `keys`, measured in a child process
-    whose environment adds `environment` (`python -m transformer_rosetta.app.divergences --classes`): a
+    whose environment adds `environment` (`python -m tools.docs.divergences --classes`): a
     framework reads such switches once, when it is imported. The records say which class the
     child was in, which need not be the one asked for."""
     child = subprocess.run(
-        [sys.executable, "-m", "transformer_rosetta.app.divergences", "--classes", ",".join(keys)],
+        [sys.executable, "-m", "tools.docs.divergences", "--classes", ",".join(keys)],
         env={**os.environ, **environment},
-        cwd=MEASUREMENTS.parents[1],
+        cwd=ROOT,  # where `tools` is importable
         capture_output=True,
         text=True,
         check=False,
@@ -1464,9 +1495,9 @@ def _measure_other_classes(say: Callable[[str], None]) -> dict[tuple[str, str], 
     """(key, class) -> class record, for every hardware class that a child process under the
     class's environment turns out to be in."""
     found: dict[tuple[str, str], dict] = {}
-    hardware = {id(d.hardware): d.hardware for d in REGISTRY if d.hardware is not None}
+    hardware = {id(d.hardware): d.hardware for d in REGISTRY.values() if d.hardware is not None}
     for kind in hardware.values():
-        keys = [d.key for d in REGISTRY if d.hardware is kind]
+        keys = [d.key for d in REGISTRY.values() if d.hardware is kind]
         for name, environment in kind.environments.items():
             say(
                 f"  class {name} ({' '.join(f'{k}={v}' for k, v in environment.items())}): {', '.join(keys)}"
@@ -1521,7 +1552,9 @@ def _table_notes(rows: list[dict]) -> list[str]:
     """The lines under the table: each hardware class that a row depends on, and each machine
     that measured a number, with the rows it measured."""
     notes = []
-    for kind in {id(d.hardware): d.hardware for d in REGISTRY if d.hardware is not None}.values():
+    for kind in {
+        id(d.hardware): d.hardware for d in REGISTRY.values() if d.hardware is not None
+    }.values():
         for name, does in kind.classes.items():
             notes.append(f"- **{name}**: {does}.")
     machines: dict[str, list[str]] = {}
@@ -1543,8 +1576,7 @@ def _main(argv: list[str]) -> int:
     import time
 
     if argv[:1] == ["--classes"] and len(argv) == 2:
-        by_key = {d.key: d for d in REGISTRY}
-        print(json.dumps([{"key": k, **by_key[k].class_record()} for k in argv[1].split(",")]))
+        print(json.dumps([{"key": k, **REGISTRY[k].class_record()} for k in argv[1].split(",")]))
         return 0
     start = time.perf_counter()
     path = write_measurements(progress=lambda line: print(line, file=sys.stderr, flush=True))
