@@ -18,7 +18,7 @@ uncached, and checks that both decoded the same tokens. The source is `new_token
 long with no padding, so the paper's limit (source length + 50) gives exactly `new_tokens`.
 Random weights, on --device (default auto: each framework's first GPU, else the CPU) at
 --precision (highest, tf32 or bf16; harness.PRECISION_HELP), with the device's name in the
-result. The workload of issue 7 is the base config (32000-token vocabulary), batch 8, 64 new
+result. The workload is the base config (32000-token vocabulary), batch 8, 64 new
 tokens.
 """
 

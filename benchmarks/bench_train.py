@@ -11,7 +11,7 @@ compilation are left out; then rounds in alternation; medians):
   (common/app/tasks.py: batch 64, sources of 6 characters, targets of 12 words, d_model 64),
   through the adapter exactly as `rosetta train` drives it: one `train_steps([(src, tgt)])` call
   per step, on the task's own batches. The frameworks alternate with each other, and each is
-  reported as its ratio to torch's tokens/s: the issue's target is tf and jax >= 0.8x torch.
+  reported as its ratio to torch's tokens/s: the target is tf and jax >= 0.8x torch.
 - base (the default on a GPU): the base model (32000-token vocabulary, no dropout), batch 64,
   source and target 128 tokens with no padding (8192 target tokens per step), ours (the
   adapter's `train_steps`, one call per round of steps) against a peer training loop written

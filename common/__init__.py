@@ -26,7 +26,7 @@ __version__ = "0.2.0"
 # The public names, each with the module that defines it. They load on first use (PEP 562), so
 # `import transformer_rosetta.spec.config` or an implementation's model does not pull in the
 # application (scipy, the porting tables); the block below re-exports them explicitly (`X as X`,
-# as flax writes them) for type checkers and readers. parity_tests/test_public_api.py checks that
+# as flax writes them) for type checkers and readers. parity_tests/app/test_public_api.py checks that
 # the two lists agree and snapshots __all__ and every signature.
 if TYPE_CHECKING:
     from transformer_rosetta.app.model import RosettaModel as RosettaModel

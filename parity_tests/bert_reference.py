@@ -1,5 +1,5 @@
 """The reference a sentence embedding is checked against: transformers' BertModel in float64 on a
-folder, as sentence-transformers' encode runs it. parity_tests/test_embed.py compares with it, and
+folder, as sentence-transformers' encode runs it. parity_tests/cli/test_embed.py compares with it, and
 parity_tests/data/make_tiny_bert.py records it for the wheel's smoke test (which has no
 transformers)."""
 

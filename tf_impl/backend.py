@@ -317,7 +317,7 @@ class KerasBackend:
 
     `jit_compile=True` makes "compiled" an XLA program instead, as the benchmark runs it. It is
     not the default because XLA compiles each (model, input shape, attention path) anew, ~3 s
-    on a CPU for even the tiny parity configs (a graph traces in ~0.5 s); parity_tests/test_tf_impl.py
+    on a CPU for even the tiny parity configs (a graph traces in ~0.5 s); parity_tests/impl/test_tf_impl.py
     checks the XLA path against the oracle on its own. Training steps are XLA programs either
     way (KerasModel.train_jit_compile): one batch shape, thousands of steps, repays the compile.
     """

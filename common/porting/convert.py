@@ -467,8 +467,8 @@ def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:
 
 # Sources whose check is a parity test rather than --verify (which compares logits).
 VERIFIED_BY_TESTS = {
-    "gpt2": "--verify runs no transformers model; parity_tests/test_port_gpt.py and "
-    "test_generate.py check GPT-2's import (state_dicts and save_pretrained folders) against "
+    "gpt2": "--verify runs no transformers model; parity_tests/porting/test_gpt.py and "
+    "cli/test_generate.py check GPT-2's import (state_dicts and save_pretrained folders) against "
     "GPT2LMHeadModel",
 }
 

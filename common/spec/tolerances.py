@@ -30,7 +30,7 @@ max |ours - oracle| <= atol, per compared array. Justified in docs/PARITY.md:
   the measured error, loose enough to hide a softmax computed in bfloat16 (it moved the worst
   difference from 0.036 to 0.043). So the probabilities get their own bound, on a model whose
   first-layer attention scores are exact in bfloat16 (small dyadic weights and inputs, d_k = 4:
-  test_dtypes.py checks the premise). There the only error left is the softmax's: in float32,
+  impl/test_dtypes.py checks the premise). There the only error left is the softmax's: in float32,
   exp, sum and quotient cost at most (keys + 3) * 2^-24 < 2^-20 relative (keys <= 7), and one
   rounding to bfloat16 costs at most u = 2^-8 relative. So |p - p_oracle| <= (2^-8 + 2^-20) * p,
   which also pins every masked probability at exactly 0. Measured: torch and Keras/TF 0.95 u

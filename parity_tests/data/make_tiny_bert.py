@@ -1,7 +1,7 @@
 """Write parity_tests/data/tiny-bert/, a sentence-transformers BERT folder small enough to commit
 (about 100 KB), and parity_tests/data/tiny-bert-expected.json, transformers' embeddings of a few
 texts through it. CI's wheel smoke test converts the folder and embeds those texts in a clean
-venv without transformers, and compares with the stored numbers; parity_tests/test_embed.py
+venv without transformers, and compares with the stored numbers; parity_tests/cli/test_embed.py
 checks the stored numbers against transformers itself where it is installed.
 
 The weights are seeded random draws, wide enough that every tensor matters (a dropped bias, a

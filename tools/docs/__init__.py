@@ -2,7 +2,7 @@
 
 - build.py: the generated blocks of docs/FORMAT.md, PARITY.md, PORTING.md, RELIABILITY.md and
   ROSETTA.md, and docs/rosetta.html whole (`python -m tools.docs`; `--check` names what is stale,
-  and parity_tests/test_docs.py runs that check);
+  and parity_tests/docs/test_generated.py runs that check);
 - idioms.py: the concepts of docs/ROSETTA.md and the excerpts of each, cut from the three
   implementations by qualified name;
 - rosetta_page.py: the side-by-side pages built from those excerpts

@@ -867,11 +867,11 @@ ADAM_EFFECT = (
 
 
 def adam_batches(config: TransformerConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The (src, tgt) batches of parity_tests/test_training.py, seeds 0..ADAM_STEPS-1."""
+    """The (src, tgt) batches of parity_tests/impl/test_training.py, seeds 0..ADAM_STEPS-1."""
     batches = []
     for seed in range(ADAM_STEPS):
         src, tgt_in = ragged_batch(config, batch=3, src_len=6, tgt_len=5, seed=seed)
-        # The tiny preset's encoder-decoder (as test_training.py's), which takes both inputs.
+        # The tiny preset's encoder-decoder (as impl/test_training.py's), which takes both inputs.
         assert src is not None and tgt_in is not None
         tgt = np.concatenate([tgt_in[:, 1:], np.full((3, 1), config.pad_id)], axis=1)
         tgt[0, -1] = config.eos_id

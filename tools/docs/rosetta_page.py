@@ -8,7 +8,7 @@ no font or stylesheet from the network); its code is highlighted by Pygments, wh
 changes between versions, which is why constraints.txt pins it.
 
 `python -m tools.docs.rosetta_page --screenshot docs/rosetta.png` renders docs/rosetta.html in a
-headless Chromium driven by Selenium and saves a PNG; parity_tests/test_rosetta_page.py checks
+headless Chromium driven by Selenium and saves a PNG; parity_tests/docs/test_rosetta_page.py checks
 the page's layout the same way.
 """
 
