@@ -8,7 +8,7 @@ torch.inference_mode. Both take the same ragged batch and are timed in alternati
 onnxruntime / torch (below 1: ONNX is faster). Sizes: the .onnx file against our .safetensors
 and torch's .pt of the same float32 weights.
 
-Default workload: the issues' base model (32000-token vocabulary), batch 8, source and target
+Default workload: the base model (32000-token vocabulary), batch 8, source and target
 length 128. `--preset tiny` runs in seconds. CPU only: onnxruntime's CUDA provider is not in the
 wheel this project pins; GPU figures are pending.
 

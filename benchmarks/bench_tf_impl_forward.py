@@ -2,7 +2,7 @@
 
 `measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) is harness.measure with
 this module's HOOK: any config the peer can express, any workload, device and precision; `main()`
-runs the issues' workload: the base model with a 32000-token vocabulary, batch 8, source and
+runs the standard workload: the base model with a 32000-token vocabulary, batch 8, source and
 target length 128 with ragged padding, eval mode. Everything runs in one dtype inside
 tf.device(device) and transformer_rosetta.tf_impl.precision.matmul_precision. Contenders, timed
 in alternation:
@@ -24,6 +24,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -286,27 +287,9 @@ HOOK = ForwardHook(
 )
 
 
-def measure(
-    config: TransformerConfig,
-    batch: int,
-    src_len: int,
-    tgt_len: int,
-    repeats: int,
-    progress: Callable[[str], None] | None = None,
-    *,
-    device: str = "cpu",
-    precision: str = "highest",
-) -> dict:
-    """Median forward times of ours, ours with attention maps, the peer and the matmul, in one run
-    (harness.measure with HOOK; the contract of every bench module: benchmarks/suite.py).
-
-    Any config that the peer can express runs (the sizes and vocabularies are the config's);
-    every contender is one XLA program on `device` ("cpu", "gpu:0") at `precision` (a bench
-    name: highest, tf32, bf16).
-    """
-    return harness.measure(
-        HOOK, config, batch, src_len, tgt_len, repeats, progress, device=device, precision=precision
-    )
+# The interface of every bench module (benchmarks/suite.py): the one harness.measure, with
+# this framework's hook.
+measure = partial(harness.measure, HOOK)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Forward-pass speed of torch_impl against torch.nn.Transformer, side by side on one device.
 
 `measure()` (the interface of benchmarks/suite.py, behind `rosetta bench`) is harness.measure with
-this module's HOOK: any config, workload, device and precision; `main()` runs the issues'
+this module's HOOK: any config, workload, device and precision; `main()` runs the standard
 workload: the base model with a 32000-token vocabulary, batch 8, source and target length 128
 with ragged padding. Eval mode under torch.inference_mode. Contenders, timed in alternation
 (benchmarks/harness.py): ours on the fused SDPA path, ours returning every attention map
@@ -259,27 +259,9 @@ HOOK = ForwardHook(
 )
 
 
-def measure(
-    config: TransformerConfig,
-    batch: int,
-    src_len: int,
-    tgt_len: int,
-    repeats: int,
-    progress: Callable[[str], None] | None = None,
-    *,
-    device: str = "cpu",
-    precision: str = "highest",
-) -> dict:
-    """Median forward times of ours, ours with attention maps, the peer and the matmul, in one run
-    (harness.measure with HOOK; the contract of every bench module: benchmarks/suite.py).
-
-    Any config that nn.Transformer can express runs (the sizes and vocabularies are the
-    config's); eval mode under torch.inference_mode, on `device` (torch's name: "cpu",
-    "cuda:0") at `precision` (a bench name: highest, tf32, bf16).
-    """
-    return harness.measure(
-        HOOK, config, batch, src_len, tgt_len, repeats, progress, device=device, precision=precision
-    )
+# The interface of every bench module (benchmarks/suite.py): the one harness.measure, with
+# this framework's hook.
+measure = functools.partial(harness.measure, HOOK)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -96,7 +96,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=32000,
         metavar="N",
-        help="vocabulary size for both sides (default 32000, the issues' workload)",
+        help="vocabulary size for both sides (default 32000, the standard workload)",
     )
     p.add_argument("--batch", type=positive_int, default=8, help="default 8")
     p.add_argument("--src-len", type=positive_int, default=128, help="default 128")

@@ -44,7 +44,7 @@ from transformer_rosetta.weights.init import init_weights
 
 Progress = Callable[[str], None]
 
-# The issues' target: our forward without attention outputs takes at most 1.15x the peer's time.
+# The target: our forward without attention outputs takes at most 1.15x the peer's time.
 TARGET = 1.15
 CONTENDERS = ("ours", "ours_attention", "peer", "matmul")
 
@@ -151,7 +151,7 @@ BASE_WORKLOAD = dict(batch=8, src_len=128, tgt_len=128)
 
 
 def base_benchmark_config() -> TransformerConfig:
-    """The issues' workload: the base model with a 32000-token vocabulary, no dropout (eval)."""
+    """The standard workload: the base model with a 32000-token vocabulary, no dropout (eval)."""
     return TransformerConfig(
         src_vocab_size=32000, tgt_vocab_size=32000, dropout=0.0, attention_dropout=0.0
     )

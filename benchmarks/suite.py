@@ -181,7 +181,7 @@ def module_main(
     """`python -m transformer_rosetta.benchmarks.bench_<framework>_impl_forward [--repeats N] [--device D]
     [--precision P] [--json]` for one module.
 
-    The issues' workload (harness.base_benchmark_config(), batch 8, 128/128); progress on stderr
+    The standard workload (harness.base_benchmark_config(), batch 8, 128/128); progress on stderr
     unless --json. Bad arguments, or a device the framework does not see, end the process with
     one line on stderr and exit 2, before anything is built; a peer that does not give our
     logits (harness.PeerRefused) with one line and exit 1, before anything is timed.
