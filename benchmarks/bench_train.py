@@ -53,6 +53,7 @@ from transformer_rosetta.benchmarks.harness import (
     precision_setting,
     to_stderr,
     train_step_flops,
+    workload_sizes,
 )
 from transformer_rosetta.benchmarks.suite import under
 from transformer_rosetta.oracle.training import ADAM_BETAS, ADAM_EPS
@@ -417,16 +418,8 @@ def measure_base(
     return {
         "workload": {
             "name": "base",
-            "batch": batch,
-            "src_len": src_len,
-            "tgt_len": tgt_len,
+            **workload_sizes(config, batch, src_len, tgt_len),
             "padding": "none",
-            "src_vocab": config.src_vocab_size,
-            "tgt_vocab": config.tgt_vocab_size,
-            "d_model": config.d_model,
-            "heads": config.num_heads,
-            "d_ff": config.d_ff,
-            "layers": [config.num_encoder_layers, config.num_decoder_layers],
             "steps_per_round": steps,
             "target_tokens_per_round": tokens,
             "train_step_tflop": step_flops / 1e12,

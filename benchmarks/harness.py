@@ -139,6 +139,22 @@ def train_step_flops(c: TransformerConfig, batch: int, src_len: int, tgt_len: in
     return 3.0 * forward_flops(c, batch, src_len, tgt_len)
 
 
+def workload_sizes(c: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> dict[str, Any]:
+    """The sizes every benchmark's JSON records of its workload: the batch, the lengths and the
+    model's dimensions."""
+    return {
+        "batch": batch,
+        "src_len": src_len,
+        "tgt_len": tgt_len,
+        "src_vocab": c.src_vocab_size,
+        "tgt_vocab": c.tgt_vocab_size,
+        "d_model": c.d_model,
+        "heads": c.num_heads,
+        "d_ff": c.d_ff,
+        "layers": [c.num_encoder_layers, c.num_decoder_layers],
+    }
+
+
 def report_line(label: str, seconds: float, flops: float, ceiling_gflops: float) -> str:
     gflops = flops / seconds / 1e9
     return (
@@ -575,15 +591,7 @@ def summarise(
         "tflops": {name: f / 1e12 for name, f in flops.items()},
         "fraction_of_matmul": {name: f / flops["matmul"] for name, f in flops.items()},
         "workload": {
-            "batch": batch,
-            "src_len": src_len,
-            "tgt_len": tgt_len,
-            "src_vocab": config.src_vocab_size,
-            "tgt_vocab": config.tgt_vocab_size,
-            "d_model": config.d_model,
-            "heads": config.num_heads,
-            "d_ff": config.d_ff,
-            "layers": [config.num_encoder_layers, config.num_decoder_layers],
+            **workload_sizes(config, batch, src_len, tgt_len),
             **setting,
             "device": device,
             "padding": "ragged",
