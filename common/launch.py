@@ -5,6 +5,8 @@ then hands over."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 
@@ -39,7 +41,16 @@ def main() -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    return run()
+    code = run()
+    if code > 128:
+        # A signal stopped the command, which has removed its partial files and said so. Leave
+        # without the interpreter's teardown: a framework whose worker threads the signal left
+        # mid-computation can crash in it (SIGSEGV), which would turn 128 + N into -11.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
