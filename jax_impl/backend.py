@@ -309,10 +309,11 @@ class FlaxBackend:
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
     ) -> None:
         """The nnx.Param state of a model holding canonical `weights` as msgpack (bit-exact in
-        their dtype), written atomically."""
+        their dtype), written atomically, streamed one array at a time (weights.write_native)."""
         check_tensors(path, config, weights)
-        write_native(path, config, {n: np.asarray(w) for n, w in weights.items()})
+        write_native(path, config, weights)
 
     def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
-        """Canonical tensors from save_native's msgpack for `config`, bit-exact."""
+        """Canonical tensors from save_native's msgpack for `config`, bit-exact: read-only views
+        of the mapped file."""
         return read_native(path, config)

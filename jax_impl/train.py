@@ -45,17 +45,31 @@ def label_smoothed_loss(
     three scalars; a batch with no target token has loss 0, as the oracle's.
     """
     logits = logits.astype(statistics_dtype(logits.dtype))  # log-softmax never in bfloat16
+    total, tokens = summed_loss(logits, targets, pad_id, smoothing)
+    # max(tokens, 1): an all-pad batch sums nothing, so its loss is 0 rather than 0 / 0.
+    denominator = jnp.maximum(tokens, 1).astype(logits.dtype)
+    correct = (logits.argmax(axis=-1) == targets) & (targets != pad_id)
+    return total / denominator, correct.sum() / denominator, tokens
+
+
+def summed_loss(
+    logits: jax.Array, targets: jax.Array, pad_id: int, smoothing: float
+) -> tuple[jax.Array, jax.Array]:
+    """label_smoothed_loss before its division: (the SUM of the section 5.4 smoothed
+    cross-entropies over the target tokens that are not padding, their count), two scalars.
+
+    What a data replica that holds only some of the batch's rows computes
+    (jax_impl/distributed.py): it divides this sum by the GLOBAL batch's token count
+    (transformer_rosetta.spec.mesh.replica_loss_scale), never by its own count, which differs
+    from replica to replica on a ragged batch. The sum runs in float32 or wider
+    (statistics_dtype), as the loss does."""
+    logits = logits.astype(statistics_dtype(logits.dtype))  # log-softmax never in bfloat16
     labels = optax.smooth_labels(
         jax.nn.one_hot(targets, logits.shape[-1], dtype=logits.dtype), smoothing
     )
     per_token = optax.softmax_cross_entropy(logits, labels)  # (B, T)
     keep = targets != pad_id
-    tokens = keep.sum()
-    # max(tokens, 1): an all-pad batch sums nothing, so its loss is 0 rather than 0 / 0.
-    denominator = jnp.maximum(tokens, 1).astype(logits.dtype)
-    loss = jnp.where(keep, per_token, 0.0).sum() / denominator
-    correct = (logits.argmax(axis=-1) == targets) & keep
-    return loss, correct.sum() / denominator, tokens
+    return jnp.where(keep, per_token, 0.0).sum(), keep.sum()
 
 
 def compute_loss(

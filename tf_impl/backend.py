@@ -355,12 +355,14 @@ class KerasBackend:
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
     ) -> None:
-        """Keras's own checkpoint (`model.save_weights`, a .weights.h5) for canonical `weights`,
-        bit-exact in their dtype, written atomically."""
+        """Keras's own checkpoint (the file `model.save_weights` writes, a .weights.h5) for
+        canonical `weights`, bit-exact in their dtype, written atomically, one dataset at a time
+        with no model built (weights.write_native)."""
         check_tensors(path, config, weights)
-        with tf.device("/CPU:0"):
-            write_native(path, config, {n: np.asarray(w) for n, w in weights.items()})
+        with tf.device("/CPU:0"):  # the one small model that tells Keras's layout
+            write_native(path, config, weights)
 
     def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
-        """Canonical tensors from the .weights.h5 of a model for `config`, bit-exact."""
+        """Canonical tensors from the .weights.h5 of a model for `config`, bit-exact: read-only
+        views of the mapped file."""
         return read_native(path, config)

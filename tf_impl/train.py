@@ -21,14 +21,13 @@ from transformer_rosetta.tf_impl.model import Transformer
 from transformer_rosetta.tf_impl.weights import variables_by_name
 
 
-def label_smoothed_loss(
-    logits: Any, targets: Any, pad_id: int, smoothing: float
-) -> tuple[Any, Any, Any]:
-    """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
-    target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors.
+def _token_losses(logits: Any, targets: Any, pad_id: int, smoothing: float) -> tuple[Any, Any, Any]:
+    """(logits, in float32 or wider; per-token label-smoothed cross-entropy (B, T); the non-pad
+    mask (B, T)): the pieces label_smoothed_loss and summed_loss reduce.
 
-    Keras's `categorical_crossentropy(label_smoothing=)` is exactly this q (eps / V to every
-    class, the true one included; transformer_rosetta.oracle.training.label_smoothed_loss), so it is used as is.
+    Keras's `categorical_crossentropy(label_smoothing=)` is exactly section 5.4's
+    q = (1 - eps) one_hot(y) + eps / V (eps / V to every class, the true one included;
+    transformer_rosetta.oracle.training.label_smoothed_loss), so it is used as is.
     """
     if logits.dtype in ("float16", "bfloat16"):
         # Softmax statistics in float32 or wider (docs/DESIGN.md, "Precision").
@@ -40,7 +39,15 @@ def label_smoothed_loss(
         from_logits=True,
         label_smoothing=smoothing,
     )  # (B, T)
-    keep = ops.not_equal(targets, pad_id)  # (B, T)
+    return logits, per_token, ops.not_equal(targets, pad_id)
+
+
+def label_smoothed_loss(
+    logits: Any, targets: Any, pad_id: int, smoothing: float
+) -> tuple[Any, Any, Any]:
+    """Section 5.4: cross-entropy against q = (1 - eps) one_hot(y) + eps / V, averaged over the
+    target tokens that are not padding. Returns (loss, accuracy, tokens) as scalar tensors."""
+    logits, per_token, keep = _token_losses(logits, targets, pad_id, smoothing)
     tokens = ops.sum(ops.cast(keep, "int32"))
     # An all-pad batch has loss 0 and accuracy 0 (the oracle's answer), not 0 / 0.
     denominator = ops.cast(ops.maximum(tokens, 1), logits.dtype)
@@ -50,6 +57,15 @@ def label_smoothed_loss(
     )
     accuracy = ops.cast(ops.sum(ops.cast(correct, "int32")), logits.dtype) / denominator
     return loss, accuracy, tokens
+
+
+def summed_loss(logits: Any, targets: Any, pad_id: int, smoothing: float) -> tuple[Any, Any]:
+    """label_smoothed_loss's numerator: (the SUM of the per-token losses over the non-pad
+    targets, their count), scalar tensors. A data replica divides its sum by the GLOBAL token
+    count (transformer_rosetta.spec.mesh.replica_loss_scale), not by its own count: on a ragged
+    batch the mean of the replicas' means is not the batch's mean (tf_impl/distributed.py)."""
+    _, per_token, keep = _token_losses(logits, targets, pad_id, smoothing)
+    return ops.sum(ops.where(keep, per_token, 0.0)), ops.sum(ops.cast(keep, "int32"))
 
 
 def compute_loss(model: Transformer, src: Any, tgt_in: Any, tgt: Any) -> tuple[Any, Any, Any]:

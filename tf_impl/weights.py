@@ -16,6 +16,7 @@ common/spec/names.py's canonical_specs.
 from __future__ import annotations
 
 import functools
+import math
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ import keras
 import numpy as np
 
 from transformer_rosetta.errors import WeightFileError
-from transformer_rosetta.files.hdf5 import dataset_array, hdf5_datasets, stored_dtype
+from transformer_rosetta.files.hdf5 import dataset_views, hdf5_datasets, stored_dtype
 from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import dtype_name, numpy_dtype
@@ -124,40 +125,108 @@ def save_native(model: Transformer, path: str | Path) -> None:
 def write_native(
     path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
 ) -> None:
-    """The .weights.h5 of a model for `config` holding canonical `weights`, in their dtype (one
-    dtype; the caller has validated them), so that every tensor is stored bit for bit."""
-    model = new_model(config, dtype_name(next(iter(weights.values())).dtype))
-    load_canonical(model, weights)
-    save_native(model, path)
+    """The .weights.h5 that model.save_weights writes for a model for `config` holding canonical
+    `weights`, in their dtype (one dtype; the caller has validated them), bit for bit.
+
+    No model is built: Keras's file is its layout (groups, their attributes, one dataset per
+    variable, _keras_skeleton) and each variable's values, so the datasets are written with h5py
+    one at a time, each straight from the caller's array (which may be mapped from a file), as
+    Keras's H5IOStore writes them: a plain dataset, a bfloat16 one as 2-byte opaque values with a
+    "dtype" attribute. model.load_weights reads the file as it reads its own.
+    """
+    path = Path(path)
+    if not path.name.endswith(KERAS_SUFFIX):
+        raise WeightFileError(
+            str(path), [f"a Keras weights file's name must end in {KERAS_SUFFIX}"]
+        )
+    groups, datasets = _keras_skeleton(config)
+    itemsize = np.asarray(next(iter(weights.values()))).dtype.itemsize
+    size = itemsize * sum(math.prod(shape) for shape in canonical_shapes(config).values())
+
+    def write(tmp: str) -> None:
+        import h5py
+
+        with h5py.File(tmp, "w") as f:
+            for group_path, attrs in groups:
+                group = f.require_group(group_path)
+                for key, value in attrs:
+                    group.attrs[key] = value
+            for ds_path, name in datasets.items():
+                array = np.asarray(weights[name])
+                ds = f.create_dataset(ds_path, data=array)
+                if dtype_name(array.dtype) == "bfloat16":
+                    ds.attrs["dtype"] = "bfloat16"
+
+    atomic_write(path, write, size)
 
 
-# idiom: Keras's .weights.h5 addresses datasets by attribute path, which Keras alone knows
+def _layout_config(config: TransformerConfig) -> TransformerConfig:
+    """`config`'s structure (its layers, which tensors it has, so every name) with every size as
+    small as the spec allows: Keras lays a file out by the model's structure alone, so the file of
+    this model shows where each of `config`'s variables goes without a model of `config`'s size."""
+    ids = max(config.pad_id, config.bos_id, config.eos_id) + 1  # the special ids must fit
+    return config.replace(
+        src_vocab_size=ids,
+        tgt_vocab_size=ids,
+        d_model=2 if config.key_dim is not None else 2 * config.num_heads,  # even, h divides it
+        key_dim=None if config.key_dim is None else 1,
+        d_ff=1,
+        max_len=1,
+        type_vocab_size=min(config.type_vocab_size, 1),
+    )
+
+
+_Attrs = tuple[tuple[str, object], ...]
+
+
 @functools.lru_cache(maxsize=8)
-def native_layout(config: TransformerConfig) -> dict[str, str]:
-    """{HDF5 dataset path: canonical name}, in canonical order, as model.save_weights lays them
-    out for `config` (e.g. "decoder/layers/decoder_layer/cross_attention/key/vars/0").
+def _keras_skeleton(
+    config: TransformerConfig,
+) -> tuple[tuple[tuple[str, _Attrs], ...], dict[str, str]]:
+    """(every group of the file model.save_weights writes for `config`, with its attributes;
+    {dataset path: canonical name}, in canonical order).
 
     Keras addresses a variable by attribute path and index within its layer, with list items
-    named after their class ("encoder_layer", "encoder_layer_1"), not by the variable's name.
-    Rather than restate those rules, ask Keras: save a model whose k-th canonical variable is
-    filled with the number k + 1 and read which dataset holds which number. float16 stores every
-    integer up to 2048 exactly and halves the bytes written.
+    named after their class ("encoder_layer", "encoder_layer_1"), not by the variable's name, and
+    gives each layer's "vars" group the layer's name as an attribute. Rather than restate those
+    rules, ask Keras: save a model of _layout_config(config) whose k-th canonical variable is
+    filled with the number k + 1 and read which dataset holds which number. A layer's name that
+    Keras numbers itself ("dropout_5") depends on how many layers the process made before; Keras
+    reads none of them back.
     """
-    model = new_model(config, "float16")
+    model = new_model(_layout_config(config))
     variables = variables_by_name(model)
-    assert len(variables) < 2048, "float16 markers are exact only below 2048"
     for k, variable in enumerate(variables.values()):
-        variable.assign(np.full(variable.shape, k + 1, np.float16))
+        variable.assign(np.full(variable.shape, k + 1, np.float32))  # exact up to 2**24
     names = list(variables)
     found: dict[str, str] = {}
+    groups: list[tuple[str, _Attrs]] = []
     with tempfile.TemporaryDirectory() as folder:
         file = Path(folder) / f"layout{KERAS_SUFFIX}"
         model.save_weights(str(file))
+        import h5py
+
+        with h5py.File(file, "r") as f:
+            f.visititems(
+                lambda p, item: (
+                    groups.append((p, tuple(item.attrs.items())))
+                    if isinstance(item, h5py.Group)
+                    else None
+                )
+            )
         with hdf5_datasets(file) as datasets:
             for ds_path, ds in datasets.items():
                 found[names[int(ds[(0,) * ds.ndim]) - 1]] = ds_path
     assert set(found) == set(names), f"not saved by Keras: {set(names) - set(found)}"
-    return {found[name]: name for name in names}
+    return tuple(groups), {found[name]: name for name in names}
+
+
+# idiom: Keras's .weights.h5 addresses datasets by attribute path, which Keras alone knows
+def native_layout(config: TransformerConfig) -> dict[str, str]:
+    """{HDF5 dataset path: canonical name}, in canonical order, as model.save_weights lays them
+    out for `config` (e.g. "decoder/layers/decoder_layer/cross_attention/key/vars/0"), found
+    from a model of `config`'s structure at the smallest sizes (_keras_skeleton)."""
+    return dict(_keras_skeleton(config)[1])
 
 
 def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
@@ -166,7 +235,9 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
 
     Read with h5py against native_layout, not through model.load_weights: Keras stops at the
     first variable that does not fit and skips layers it cannot find, while this reports every
-    missing, unexpected and wrong-shaped tensor at once, and builds no model.
+    missing, unexpected and wrong-shaped tensor at once, and builds no model. The arrays are
+    read-only views of the file's mapped bytes (files.hdf5.dataset_views), so nothing is copied
+    into memory.
     """
     # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
     path = weight_file_path(path, "a Keras weights file")
@@ -184,7 +255,9 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
             )
         if problems:
             raise WeightFileError(str(path), problems)
-        tensors = {name: dataset_array(datasets[ds_path]) for ds_path, name in layout.items()}
+        tensors = dataset_views(
+            path, {name: datasets[ds_path] for ds_path, name in layout.items()}, "Keras .weights.h5"
+        )
     return {name: tensors[name] for name in canonical_shapes(config)}
 
 

@@ -27,6 +27,8 @@ from transformer_rosetta.torch_impl.model import Transformer
 from transformer_rosetta.torch_impl.precision import matmul_precision
 from transformer_rosetta.torch_impl.weights import (
     TORCH_DTYPES,
+    _from_numpy,
+    _numpy_view,
     export_canonical,
     load_canonical,
     read_native,
@@ -37,11 +39,9 @@ from transformer_rosetta.weights.format import check_tensors
 
 
 def _to_torch(a: np.ndarray) -> torch.Tensor:
-    """numpy -> torch without rounding; torch cannot read ml_dtypes' bfloat16, so pass its bits."""
-    a = np.ascontiguousarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    """numpy -> torch without rounding, sharing memory where `a` is contiguous (a read-only array
+    mapped from a weight file too); torch cannot read ml_dtypes' bfloat16, so its bits pass."""
+    return _from_numpy(np.ascontiguousarray(a))
 
 
 def to_numpy(
@@ -261,31 +261,35 @@ class TorchBackend:
         # rosetta: device
         module = Transformer(config).to(device=device, dtype=TORCH_DTYPES[dtype])
         # rosetta: end
-        load_canonical(module, {name: _to_torch(w) for name, w in weights.items()})
+        load_canonical(module, weights)  # one tensor at a time: `weights` may be mapped
         return TorchModel(config, module, dtype, device, precision)
 
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
     ) -> None:
         """torch.save(model.state_dict()) for canonical `weights`, bit-exact, written atomically.
-        Tied tensors appear under each of their state_dict keys, as torch itself saves them."""
+        Tied tensors appear under each of their state_dict keys, as torch itself saves them.
+        Streams: no module is built, and `weights` (maybe mapped from a file) are not copied
+        into memory (weights.write_native)."""
         check_tensors(path, config, weights)
-        write_native(path, config, {n: _to_torch(w) for n, w in weights.items()})
+        write_native(path, config, weights)
 
     def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
-        """Canonical tensors from a Transformer(config) state_dict file (weights_only loading)."""
-        return {n: to_numpy(t, exact=True) for n, t in read_native(path, config).items()}
+        """Canonical tensors from a Transformer(config) state_dict file (weights_only loading):
+        read-only views of the mapped file, a kernel's transposed (not contiguous)."""
+        return {n: _numpy_view(t) for n, t in read_native(path, config).items()}
 
     # idiom: only torch reads other models' .pt/.bin checkpoints (common/porting imports them)
     def read_tensors(self, path: str | Path) -> dict[str, np.ndarray]:
         """Every tensor of any .pt/.bin state_dict, as numpy (bfloat16 as ml_dtypes.bfloat16),
         for the importers of other models' checkpoints (common/porting). weights_only loading:
-        a pickle that holds anything but tensors is refused without running."""
+        a pickle that holds anything but tensors is refused without running. Read-only views
+        of the file, mapped where torch.save's format allows (weights.read_state_dict)."""
         state = read_state_dict(path)
         out, problems = {}, []
         for key, t in state.items():
             try:
-                out[key] = to_numpy(t, exact=True)
+                out[key] = _numpy_view(t)
             except (TypeError, RuntimeError):
                 problems.append(f"{key}: numpy cannot hold dtype {t.dtype}")
         if problems:

@@ -34,8 +34,28 @@ def label_smoothed_loss(
     divided by the token count rather than using reduction="mean", which is the same division
     but gives NaN on an all-pad batch, where the oracle gives 0.
     """
-    keep = targets != pad_id  # (B, T)
-    tokens = int(keep.sum())
+    summed, tokens = summed_loss(logits, targets, pad_id, smoothing)
+    with torch.no_grad():
+        keep = targets != pad_id  # (B, T)
+        correct = (logits.argmax(dim=-1) == targets) & keep  # argmax takes the first maximum
+        # A Python division: int64 / int in torch gives float32, too coarse for a float64 run.
+        accuracy = int(correct.sum()) / max(tokens, 1)
+    return summed / max(tokens, 1), accuracy, tokens
+
+
+def summed_loss(
+    logits: Tensor, targets: Tensor, pad_id: int, smoothing: float
+) -> tuple[Tensor, int]:
+    """label_smoothed_loss before its division: (the SUM of section 5.4's smoothed
+    cross-entropies over the targets that are not padding, a () tensor carrying the autograd
+    graph; how many targets are not padding).
+
+    A data replica (distributed.py) multiplies the sum by
+    transformer_rosetta.spec.mesh.replica_loss_scale, i.e. divides it by the GLOBAL batch's token
+    count, never by its own: a replica's mean over its own tokens is another quantity whenever
+    the replicas hold different numbers of non-pad targets, and averaging the replicas'
+    gradients does not undo that (mean_r(S_r / T_r) != sum_r(S_r) / T)."""
+    tokens = int((targets != pad_id).sum())
     summed = F.cross_entropy(
         logits.flatten(0, 1),  # (B*T, V)
         targets.flatten(),  # (B*T,)
@@ -43,11 +63,7 @@ def label_smoothed_loss(
         label_smoothing=smoothing,
         reduction="sum",
     )
-    with torch.no_grad():
-        correct = (logits.argmax(dim=-1) == targets) & keep  # argmax takes the first maximum
-        # A Python division: int64 / int in torch gives float32, too coarse for a float64 run.
-        accuracy = int(correct.sum()) / max(tokens, 1)
-    return summed / max(tokens, 1), accuracy, tokens
+    return summed, tokens
 
 
 def compute_loss(

@@ -21,14 +21,18 @@ holds exactly those keys.
 
 The native checkpoint is torch.save(model.state_dict()), and it is read only with
 torch.load(weights_only=True): a pickle that would build anything but tensors is refused unrun.
+Both directions hold no second copy of the model: write_native builds the state_dict from the
+canonical arrays themselves (no module), and read_native maps the file and hands out views.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import pickletools
 import re
+import tempfile
 import warnings
 import zipfile
 import zlib
@@ -36,6 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+import ml_dtypes
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -44,7 +50,6 @@ from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.files.safe_read import listing, os_problem, shown
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import TensorSpec, canonical_specs, embedding_names
-from transformer_rosetta.torch_impl.model import Transformer
 from transformer_rosetta.weights.format import dtype_problems, weight_file_path
 
 
@@ -140,9 +145,10 @@ def canonical_from_state_dict(
 
 
 @torch.no_grad()
-def load_canonical(model: nn.Module, weights: Mapping[str, Tensor]) -> None:
-    """Copy canonical tensors (any float dtype) into `model`, casting to each parameter's dtype
-    and device. Every tensor is shape-checked twice: canonical, then native."""
+def load_canonical(model: nn.Module, weights: Mapping[str, Tensor | np.ndarray]) -> None:
+    """Copy canonical tensors (any float dtype; torch tensors or numpy arrays, which may be
+    mapped from a file) into `model`, casting to each parameter's dtype and device, one tensor
+    at a time. Every tensor is shape-checked twice: canonical, then native."""
     config = model.config
     params = model.state_dict(keep_vars=True)
     expected = {s.name for s in canonical_specs(config)}
@@ -154,7 +160,10 @@ def load_canonical(model: nn.Module, weights: Mapping[str, Tensor]) -> None:
     # rosetta: checkpoints
     keys = native_name_map(config)
     for spec in canonical_specs(config):
-        native, key = tensor_to_native(spec, weights[spec.name]), keys[spec.name]
+        given = weights[spec.name]
+        if not isinstance(given, Tensor):  # numpy: torch's view of it (a copy if not contiguous)
+            given = _from_numpy(np.ascontiguousarray(given))
+        native, key = tensor_to_native(spec, given), keys[spec.name]
         assert native.shape == params[key].shape, f"{key}: {native.shape} != {params[key].shape}"
         params[key].copy_(native)  # a tied Parameter is copied once, through its first key
 
@@ -297,7 +306,8 @@ def _sniff(path: Path) -> str | None:
 
 # idiom: any .pt/.bin state_dict, for the backend's read_tensors (porting other checkpoints)
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """Every tensor of a .pt/.bin state_dict, loaded with `weights_only=True` and nothing else.
+    """Every tensor of a .pt/.bin state_dict, loaded with `weights_only=True` and nothing else,
+    mapped from the file where its format allows (torch.load(mmap=True)).
 
     weights_only=True makes torch unpickle through an allow-list (tensors, dicts, lists, numbers),
     so a file whose pickle would build any other object (the classic `__reduce__` payload that
@@ -317,10 +327,15 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     if problem:
         raise WeightFileError(name, [problem])
     try:
+        with path.open("rb") as f:
+            # torch.save's zip format is mapped, not read: a tensor's pages come from the file
+            # when they are used, and the file's bytes are never copied whole into memory. The
+            # legacy format (one pickle stream) cannot be mapped, and is read.
+            mapped = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
         with warnings.catch_warnings():
             # Plain pickles (protocol 4, not torch.save's 2) make torch warn; the load is the same.
             warnings.simplefilter("ignore", UserWarning)
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except FileNotFoundError:
         raise WeightFileError(name, ["no such file"]) from None
     except PermissionError:
@@ -392,7 +407,11 @@ def _state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor])
     for name, keys in aliases.items():
         first = state[keys[0]]
         for key in keys[1:]:
-            # The config ties these: a file in which they differ is not this model.
+            # The config ties these: a file in which they differ is not this model. torch.save
+            # stores a tied tensor once, so its keys load as views of one storage: the same
+            # memory, equal without reading it.
+            if _same_view(state[key], first):
+                continue
             if not torch.equal(state[key], first):
                 problems.append(
                     f"{key} differs from {keys[0]}, but the config ties them (one tensor, {name})"
@@ -400,30 +419,122 @@ def _state_dict_problems(config: TransformerConfig, state: Mapping[str, Tensor])
     return problems
 
 
-def write_native(
-    path: str | Path, config: TransformerConfig, weights: Mapping[str, Tensor]
-) -> None:
-    """torch.save(model.state_dict()) of Transformer(config) holding canonical `weights`, written
-    atomically, in the weights' dtype (bit-exact). The caller has validated `weights`.
+# idiom: Transformer(config).state_dict()'s key order: each top-level module's keys together
+# (nn.Module registers encoder, decoder, output in that order), tied keys where their module is
+_TOP_MODULES = {"encoder": 0, "decoder": 1, "output": 2}
 
-    The module is built for real, random initialisation included, rather than on the meta device
-    and `to_empty`: to_empty gives each module its own new Parameter and so unties the tied
-    embeddings, which this file must keep as one tensor under several keys.
+
+def _state_dict_keys(config: TransformerConfig) -> dict[str, str]:
+    """{state_dict key: canonical name} in the order Transformer(config).state_dict() lists them,
+    found without building the module: an untied model's keys, in canonical order, grouped by
+    top-level module (the canonical order lists both stacks' embeddings first)."""
+    untied = config.replace(share_embeddings=False, tie_output=False)
+    rank = {key: i for i, key in enumerate(native_name_map(untied).values())}
+    owner = {key: name for name, keys in native_aliases(config).items() for key in keys}
+    order = sorted(owner, key=lambda key: (_TOP_MODULES[key.split(".")[0]], rank[key]))
+    return {key: owner[key] for key in order}
+
+
+def _from_numpy(a: np.ndarray) -> Tensor:
+    """A tensor over `a`'s memory, never a copy: a read-only (mapped) array too, which torch
+    warns about because a tensor cannot be read-only; these are only read (torch.save). torch
+    cannot read ml_dtypes' bfloat16, so its bits pass as uint16 and are viewed back."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        if a.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+
+def _numpy_view(t: Tensor) -> np.ndarray:
+    """A read-only numpy view of a CPU tensor, never a copy (bfloat16 as ml_dtypes.bfloat16)."""
+    if t.dtype == torch.bfloat16:
+        out = t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        out = t.numpy()
+    out.flags.writeable = False
+    return out
+
+
+def _native_view(spec: TensorSpec, a: np.ndarray) -> np.ndarray:
+    """tensor_to_native on a numpy array, as a view of its memory: a kernel's nn.Linear layout is
+    the transposed canonical matrix, which is not C-contiguous."""
+    if spec.role == "kernel":
+        return a.reshape(spec.fan_in, spec.fan_out).T
+    return a.reshape(native_shape(spec))
+
+
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors are the same view of the same memory (so equal, NaN included)."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
+def write_native(
+    path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
+) -> None:
+    """torch.save of Transformer(config)'s state_dict holding canonical `weights` (numpy, one
+    float dtype; the caller has validated them), written atomically, bit-exact, with every key
+    in the order model.state_dict() gives and a tied tensor stored once under all its keys.
+
+    No module is built and no tensor is held twice in memory: each state_dict tensor is a view
+    of the caller's array (which may be a read-only mapping of a file) when nn.Linear's layout is
+    that array's memory as it is, and otherwise (a kernel, stored transposed) a contiguous copy
+    written into an unnamed scratch file beside `path`, which torch.save then reads back from the
+    page cache. Contiguous rather than a transposed view (torch.save would keep its strides): the
+    file holds what model.state_dict() holds, contiguous tensors, which every torch tool reads
+    (safetensors.torch.save_file refuses non-contiguous ones, .view() may fail on them).
     """
-    dtype = TORCH_DTYPES[_dtype_name(next(iter(weights.values())))]
-    module = Transformer(config).to(dtype)
-    load_canonical(module, weights)
-    state = module.state_dict()
-    filled = {key for keys in native_aliases(config).values() for key in keys}
-    assert set(state) == filled, f"state_dict keys not from canonical: {set(state) ^ filled}"
-    atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+    specs = {spec.name: spec for spec in canonical_specs(config)}
+    keys = _state_dict_keys(config)
+    dtype = np.asarray(next(iter(weights.values()))).dtype
+    nbytes = {name: math.prod(spec.shape) * dtype.itemsize for name, spec in specs.items()}
+
+    def write(tmp: str) -> None:
+        # The scratch file has no name (O_TMPFILE where the OS has it), so nothing is left behind
+        # whatever stops the write; its mappings hold the copies in the page cache, not in the
+        # process's own memory.
+        with tempfile.TemporaryFile(dir=os.path.dirname(tmp)) as scratch:
+            scratch.truncate(sum(nbytes.values()))  # sparse: only what is written takes disk
+            offset = 0
+            tensors: dict[str, Tensor] = {}
+            for name, spec in specs.items():
+                native = _native_view(spec, np.asarray(weights[name]))
+                if not native.flags.c_contiguous:
+                    staged = np.memmap(scratch, native.dtype, "r+", offset, native.shape)
+                    np.copyto(staged, native)
+                    native = staged
+                offset += nbytes[name]
+                tensors[name] = _from_numpy(native)
+            state = {key: tensors[name] for key, name in keys.items()}
+            torch.save(state, tmp)
+
+    # the scratch copies (the kernels, at most every tensor) and the file itself
+    atomic_write(Path(path), write, 2 * sum(nbytes.values()))
 
 
 def read_native(path: str | Path, config: TransformerConfig) -> dict[str, Tensor]:
     """Canonical tensors, in canonical order and the stored dtype, from a Transformer(config)
-    state_dict file; one WeightFileError lists every problem."""
+    state_dict file; one WeightFileError lists every problem.
+
+    The file is mapped (torch.load(mmap=True), for torch.save's zip format), and each canonical
+    tensor is a view of the mapped state_dict tensor (a kernel is the transposed view, its heads
+    split by strides), so nothing is copied: they are not contiguous, and a reader that needs
+    contiguous memory copies one tensor at a time.
+    """
     state = read_state_dict(path)
     problems = _state_dict_problems(config, state)
     if problems:
         raise WeightFileError(str(path), problems)
-    return canonical_from_state_dict(config, state)
+    keys = native_name_map(config)
+    out = {}
+    for spec in canonical_specs(config):
+        t = state[keys[spec.name]]
+        # A view splits the head axes by strides; a file whose tensors have other strides than
+        # torch.save gives a contiguous tensor may need a copy (reshape makes one then).
+        out[spec.name] = (t.T if spec.role == "kernel" else t).reshape(spec.shape)
+    return out

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -22,6 +22,7 @@ import numpy as np
 from transformer_rosetta.decoding.search import Stepper
 from transformer_rosetta.errors import BackendUnavailable
 from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.mesh import MeshShape
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
 from transformer_rosetta.spec.results import ForwardOutput, LossOutput
 
@@ -156,6 +157,9 @@ class NativeCheckpoints(Protocol):
     torch.save of the model's state_dict), tf (Keras's .weights.h5) and jax (msgpack of the
     nnx.Param state). `rosetta convert` goes through these two methods, so it imports no
     framework itself.
+
+    Both stream (docs/PORTING.md, "Memory"): neither builds a model nor holds a second copy of
+    the weights, so a conversion costs about one tensor of memory beyond its input's.
     """
 
     native_suffixes: tuple[str, ...]  # file name endings of the native checkpoint, e.g. (".pt",)
@@ -166,14 +170,23 @@ class NativeCheckpoints(Protocol):
         """Write the native checkpoint of a model for `config` holding canonical `weights` (any
         float dtype, one per file, stored as given: bit-exact). Validates names, shapes and dtype
         first (WeightFileError listing every problem) and writes atomically: whatever fails,
-        `path` is left as it was and no partial file remains."""
+        `path` is left as it was and no partial file remains.
+
+        `weights` may be read-only arrays mapped from a file, or a Mapping that computes each
+        on access: each is read a few times, one at a time, and written without a copy where
+        the format stores it as it is (a copy of that one tensor where it does not)."""
         ...
 
     def load_native(self, path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
         """Canonical tensors, in canonical order and the stored dtype (bit-exact), from a native
         checkpoint for `config`. One WeightFileError lists every problem: missing, unexpected
         and wrong-shaped tensors, or a file that is not this format, truncated or corrupt. Never
-        runs code from the file (torch: weights_only loading)."""
+        runs code from the file (torch: weights_only loading).
+
+        The arrays are read-only views of the file, mapped, where its format keeps a tensor's
+        bytes as they are (every checkpoint these backends write): reading costs no memory of
+        its own, and the OS pages the bytes in as they are used. A torch kernel, stored
+        transposed, is a transposed view (not C-contiguous)."""
         ...
 
 
@@ -213,6 +226,45 @@ class OnnxExporter(Protocol):
         ...
 
 
+@runtime_checkable
+class MeshEngine(Protocol):
+    """A framework's own distributed engine running the model on a device mesh
+    (transformer_rosetta.spec.mesh.MeshShape: data replicas x model shards): the module
+    `<impl>/distributed.py` of torch (DDP, FSDP2), tf (keras.distribution on Keras's JAX backend)
+    and jax (jax.sharding). Each needs its process set up before its framework is imported
+    (transformer_rosetta.app.distributed.mesh_environment), so the application runs it in a
+    process of its own."""
+
+    def train_on_mesh(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        batches: Sequence[tuple[np.ndarray | None, np.ndarray]],
+        mesh: MeshShape,
+        *,
+        dtype: str = "float32",
+        warmup: int,
+        factor: float = 1.0,
+    ) -> tuple[list[float], dict[str, np.ndarray]]:
+        """Adam steps on the mesh over GLOBAL batches: (each step's global loss, the final
+        canonical weights, gathered whole), as the one-device model's train_steps gives them."""
+        ...
+
+    def forward_on_mesh(
+        self,
+        config: TransformerConfig,
+        weights: Mapping[str, np.ndarray],
+        src: np.ndarray | None,
+        tgt_in: np.ndarray | None,
+        mesh: MeshShape,
+        *,
+        dtype: str = "float32",
+    ) -> ForwardOutput:
+        """The forward with the parameters sharded over mesh.model and the batch over
+        mesh.data, attention maps included."""
+        ...
+
+
 # The backend that offers each capability beyond Backend: only torch's checkpoints are pickles
 # that need its own weights_only loader, and only torch ships an ONNX exporter.
 TENSOR_READER = "torch"
@@ -241,6 +293,23 @@ def onnx_exporter() -> OnnxExporter:
     if not isinstance(backend, OnnxExporter):
         raise BackendUnavailable(f"{backend.name}: exports no ONNX graph")
     return backend
+
+
+def mesh_engine(name: str) -> MeshEngine:
+    """Framework `name`'s distributed engine, `<impl>/distributed.py` (imported here: call it in
+    a process set up by transformer_rosetta.app.distributed.mesh_environment). BackendUnavailable
+    says why not."""
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise BackendUnavailable(f"{name}: {reason}")
+    info = REGISTRY[name]
+    if info.mesh_module is None:
+        raise BackendUnavailable(f"{name}: runs on one device only (no distributed engine)")
+    with native_stderr_silenced():
+        module = importlib.import_module(info.mesh_module)
+    if not isinstance(module, MeshEngine):
+        raise BackendUnavailable(f"{name}: {info.mesh_module} offers no train_on_mesh")
+    return module
 
 
 def check_build_request(
@@ -277,6 +346,7 @@ class BackendInfo:
     # A runtime of graphs exported from an implementation (onnx), not an implementation: it
     # runs in `rosetta parity`, and is left out of FRAMEWORKS, which tests train and save with.
     exported: bool = False
+    mesh_module: str | None = None  # the framework's distributed engine (MeshEngine)
 
 
 REGISTRY: dict[str, BackendInfo] = {
@@ -295,6 +365,7 @@ REGISTRY: dict[str, BackendInfo] = {
         ("torch",),
         "torch",
         "PyTorch",
+        mesh_module="transformer_rosetta.torch_impl.distributed",
     ),
     "tf": BackendInfo(
         "tf",
@@ -303,6 +374,7 @@ REGISTRY: dict[str, BackendInfo] = {
         ("tensorflow", "keras"),
         "tf",
         "Keras 3 / TensorFlow",
+        mesh_module="transformer_rosetta.tf_impl.distributed",
     ),
     "jax": BackendInfo(
         "jax",
@@ -311,6 +383,7 @@ REGISTRY: dict[str, BackendInfo] = {
         ("jax", "flax"),
         "jax",
         "Flax NNX / JAX",
+        mesh_module="transformer_rosetta.jax_impl.distributed",
     ),
     "onnx": BackendInfo(
         "onnx",

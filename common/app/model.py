@@ -22,17 +22,17 @@ from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, get_backend
 from transformer_rosetta.app.parity import resolve_devices
 from transformer_rosetta.app.tasks import Task, get_task
 from transformer_rosetta.errors import InputError, RosettaError
-from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.dtypes import DTYPES
 from transformer_rosetta.spec.inputs import check_inputs
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION
 from transformer_rosetta.spec.results import ForwardOutput
 from transformer_rosetta.weights.format import (
     META_TASK,
     META_TOKENIZER,
-    add_metadata,
     check_finite,
     load_weights,
+    planned_files,
     save_weights,
 )
 
@@ -99,23 +99,35 @@ class RosettaModel:
             src_ids, tgt_ids, attention=attention, hidden_states=hidden_states
         )
 
-    def save(self, path: str | Path, *, force: bool = False) -> Path:
+    def save(
+        self, path: str | Path, *, force: bool = False, max_shard_size: int | None = None
+    ) -> Path:
         """Write the weights in the shared format (with the tokenizer and task the model came
-        with). An existing file is kept unless force=True."""
-        from transformer_rosetta.files.outputs import check_output_file
+        with). An existing file is kept unless force=True. `max_shard_size` (bytes) writes a
+        folder of shards in Hugging Face's layout instead (docs/FORMAT.md, "Sharded files")."""
+        from transformer_rosetta.files.outputs import check_output_file, check_output_folder
+        from transformer_rosetta.weights.shards import replaced_files
 
-        out = check_output_file(str(path), what="save", force=force, suffix=".safetensors")
+        if max_shard_size is None:
+            out = check_output_file(str(path), what="save", force=force, suffix=".safetensors")
+        else:
+            dtype = self.dtype if self.dtype in DTYPES else "float32"
+            planned = planned_files(self.config, dtype, max_shard_size)
+            names = replaced_files(path, planned)
+            out = check_output_folder(str(path), names, what="save", force=force)
         tensors = self.built.export()
         producer = get_backend(self.framework).version()
         metadata = self.metadata or {}
         tokenizer = metadata.get(META_TOKENIZER)
-
-        def write(tmp: str) -> None:
-            save_weights(tmp, tensors, self.config, producer, task=metadata.get(META_TASK))
-            if tokenizer is not None:
-                add_metadata(tmp, {META_TOKENIZER: tokenizer})
-
-        atomic_write(out, write)
+        save_weights(
+            out,
+            tensors,
+            self.config,
+            producer,
+            task=metadata.get(META_TASK),
+            max_shard_size=max_shard_size,
+            metadata={META_TOKENIZER: tokenizer} if tokenizer is not None else None,
+        )
         return out
 
     # -- the decoders -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from transformer_rosetta.adapter.backends import (
 from transformer_rosetta.errors import InputError, RosettaError
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.mesh import MeshShape
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION
 from transformer_rosetta.spec.results import ForwardOutput
 from transformer_rosetta.spec.tolerances import atol_for
@@ -250,8 +251,13 @@ def run_parity(
     device: str = "cpu",
     precision: str = DEFAULT_PRECISION,
     progress: Callable[[str], None] | None = None,
+    mesh: MeshShape | None = None,
 ) -> ParityReport:
     """Run every requested, installed framework and compare all outputs.
+
+    With `mesh`, each framework runs its sharded forward on that mesh with its own distributed
+    engine (transformer_rosetta.app.distributed.forward_on_mesh), on the explicit attention path
+    (the fused path's row is left out); a runtime without an engine (onnx) is skipped.
 
     src and tgt_in as check_inputs returns them: None for the half a model lacks. Unknown
     framework names are a RosettaError; frameworks that cannot run here are listed in `skipped`
@@ -270,14 +276,25 @@ def run_parity(
     setting = dtype if dtype != "float32" else f"float32, {precision} products"
     say(f"oracle: numpy float64 on {describe_inputs(src, tgt_in)}")
     want = oracle_outputs(config, weights, src, tgt_in, dtype)
+    if mesh is not None:
+        want = {k: v for k, v in want.items() if not k.endswith(FUSED)}
     for name in frameworks:
         if name == ORACLE:
             continue
         reason = unavailable_reason(name)
+        if reason is None and mesh is not None and REGISTRY[name].mesh_module is None:
+            reason = "has no distributed engine to run a mesh"
         if reason is not None:
             skipped[name] = reason
             continue
         backend = get_backend(name)
+        if mesh is not None:
+            runs.append(
+                _run_on_mesh(
+                    name, backend.version(), config, weights, src, tgt_in, dtype, mesh, say
+                )
+            )
+            continue
         if dtype not in backend.dtypes:
             skipped[name] = f"does not compute in {dtype}"
             continue
@@ -313,6 +330,27 @@ def run_parity(
                 compare(quantity, a.label, b.label, a.outputs[quantity], b.outputs[quantity], tol)
             )
     return report
+
+
+def _run_on_mesh(
+    name: str,
+    version: str,
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    src: np.ndarray | None,
+    tgt_in: np.ndarray | None,
+    dtype: str,
+    mesh: MeshShape,
+    say: Callable[[str], None],
+) -> Run:
+    """One framework's sharded forward on `mesh`, as a Run labelled NAME@MESH."""
+    from transformer_rosetta.app.distributed import forward_on_mesh
+
+    label = f"{name}@{mesh}"
+    say(f"{label}: its distributed engine on {mesh.size} devices ({version}, {dtype})")
+    start = time.perf_counter()
+    out = forward_on_mesh(name, config, weights, src, tgt_in, mesh, dtype=dtype)
+    return Run(label, name, str(mesh), version, out.named(), time.perf_counter() - start)
 
 
 # The ragged batch `rosetta parity` and `parity()` build when given no inputs.

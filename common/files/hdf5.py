@@ -7,12 +7,17 @@ does. Every dataset is checked before any is read, and a file with one such data
 by name, so nothing outside the file is ever opened. Links to other files (external links) are
 not followed: only the datasets that the file itself holds are visited. h5py reads arrays only;
 no code in the file ever runs.
+
+A dataset stored as one block in the file, as Keras stores every weight, is handed out as a
+read-only view of the mapped file (dataset_views), so reading a model costs no memory of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import mmap
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +92,47 @@ def dataset_array(ds: Any) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+def dataset_views(
+    path: str | Path, datasets: Mapping[str, Any], what: str = "HDF5 file"
+) -> dict[str, np.ndarray]:
+    """{key: the values of datasets[key]} without reading them into memory where HDF5 keeps a
+    dataset's bytes as one block in the file, as Keras writes every weight (contiguous layout,
+    no filter, native byte order): a read-only array over those bytes, mapped from `path`, whose
+    pages the OS reads when they are used and may drop again. Any other dataset (chunked,
+    compressed, compact, another byte order) is read by h5py, one copy (dataset_array).
+
+    `datasets` are h5py Datasets of the open file at `path` (hdf5_datasets), already checked to
+    be stored inside it; a block that would reach past the file's end is a truncated file."""
+    path = Path(path)
+    views: dict[str, np.ndarray] = {}
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    for key, ds in datasets.items():
+        offset = ds.id.get_offset()  # None unless its bytes are one block in the file
+        if ds.chunks is not None or offset is None or not ds.dtype.isnative or ds.size == 0:
+            views[key] = dataset_array(ds)
+            continue
+        nbytes = ds.size * ds.dtype.itemsize
+        if offset + nbytes > size:
+            raise WeightFileError(
+                shown(path),
+                [
+                    f"truncated {what}: dataset {shown(ds.name)} needs bytes {offset}.."
+                    f"{offset + nbytes}, the file has {size}"
+                ],
+            )
+        array = np.frombuffer(mapped, ds.dtype, ds.size, offset).reshape(ds.shape)
+        if stored_dtype(ds) == "bfloat16":
+            import ml_dtypes
+
+            array = array.view(ml_dtypes.bfloat16)
+        views[key] = array
+    return views
+
+
 def read_hdf5(path: str | Path, what: str = "HDF5 file") -> dict[str, np.ndarray]:
-    """Every dataset of the file, {path in the file: array}, through hdf5_datasets."""
+    """Every dataset of the file, {path in the file: array}, through hdf5_datasets: read-only
+    views of the mapped file where HDF5 keeps a dataset as one block (dataset_views)."""
     with hdf5_datasets(path, what) as datasets:
-        return {name: dataset_array(ds) for name, ds in datasets.items()}
+        return dataset_views(path, datasets, what)

@@ -10,6 +10,7 @@ written through the backend registry, so this module imports no framework itself
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, native_backend, tensor_reader
-from transformer_rosetta.errors import RosettaError
+from transformer_rosetta.errors import RosettaError, WeightFileError
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
-from transformer_rosetta.files.safe_read import regular_file, shown
+from transformer_rosetta.files.safe_read import is_int, regular_file, shown
 from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
 from transformer_rosetta.porting.verify import (
     PROBE_SHAPES,
@@ -34,13 +35,19 @@ from transformer_rosetta.porting.verify import (
 )
 from transformer_rosetta.porting.verify import verify as run_verification
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.dtypes import dtype_name
-from transformer_rosetta.spec.names import parameter_count
+from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
+from transformer_rosetta.spec.names import canonical_shapes, parameter_count
+from transformer_rosetta.weights import shards
 from transformer_rosetta.weights.format import (
+    FORMAT_NAME,
+    META_FORMAT,
     check_finite,
     check_tensors,
     load_weights,
     nonfinite_counts,
+    planned_files,
+    publish_weights,
+    read_header,
     save_weights,
 )
 
@@ -136,10 +143,15 @@ def infer_source_kind(path: Path) -> str:
 
             model_type = model_type_of(path)  # any other is read as Marian, which names it
             return model_type if model_type in ("gpt2", "bert") else "marian"
+        if _holds_the_shared_format(path):
+            return "rosetta"  # the shared format written in shards (save_weights' folder)
         raise ConvertError(
             f"{path}: a folder without config.json; --from marian, bert and gpt2 expect a "
-            "Hugging Face model folder"
+            f"Hugging Face model folder, and a sharded model of the shared format holds "
+            f"{shards.INDEX_FILE} and shards whose metadata names the format"
         )
+    if path.name.endswith(shards.INDEX_FILE):  # a sharded model, given by its index
+        return "rosetta"
     kind = kind_from_suffix(path)
     if kind is None:
         raise ConvertError(
@@ -155,6 +167,20 @@ def infer_source_kind(path: Path) -> str:
 
         return _outside_kind(read_source_tensors(path), ORIGINS_H5) or kind
     return kind
+
+
+def _holds_the_shared_format(folder: Path) -> bool:
+    """Whether a folder's safetensors files are the shared format's shards (or its one
+    model.safetensors): the first one's header metadata names the format. A Hugging Face folder's
+    shards name another ("pt"), and one without its config.json is not ours to read."""
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files or not any((folder / n).exists() for n in (shards.INDEX_FILE, shards.SINGLE_FILE)):
+        return False
+    try:
+        _, metadata = read_header(files[0])
+    except WeightFileError:
+        return False
+    return (metadata or {}).get(META_FORMAT) == FORMAT_NAME
 
 
 # A name that only one outside model's files hold -> its kind (checked in this order).
@@ -305,10 +331,23 @@ def write_destination(
     tensors: Mapping[str, np.ndarray],
     producer: str,
     onnx: Mapping[str, Any] | None = None,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    max_shard_size: int | None = None,
 ) -> None:
-    """Write `tensors` as `kind`; `onnx` holds write_onnx's graph options."""
+    """Write `tensors` as `kind`, each read from `tensors` as the writer streams it (never all
+    at once; docs/PORTING.md, "Memory"). `onnx` holds write_onnx's graph options; `metadata`
+    (the provenance record, a tokenizer) and `max_shard_size` (a folder of shards) are the
+    shared format's."""
     if kind == "rosetta":
-        save_weights(path, tensors, config, producer=producer)
+        save_weights(
+            path,
+            tensors,
+            config,
+            producer=producer,
+            metadata=metadata,
+            max_shard_size=max_shard_size,
+        )
     elif kind in NATIVE_KINDS:
         native_backend(kind).save_native(path, config, tensors)
     elif kind == "marian":
@@ -344,6 +383,7 @@ def convert(
     verify: bool | None = None,
     onnx: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    max_shard_size: int | None = None,
 ) -> Converted:
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
     Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
@@ -351,6 +391,13 @@ def convert(
     user's importer table (--map; kind "map"); `learned_positions` imports a stored sinusoid
     table as learned positions. `onnx` holds the ONNX graph's options (graph, attention,
     max_steps). `progress` is told of the long steps (the export, the verification).
+    `max_shard_size` (bytes) writes the shared format as a folder `dst` of shards in Hugging
+    Face's layout (weights/shards.py); any other kind is refused.
+
+    Memory: the tensors stay where the source's reader put them (mapped from the file where its
+    format allows) from the read to the write, and every step reads them one at a time (the
+    checks, the write, the summary); the verification runs one side's model, then the other's
+    (common/porting/verify.py). docs/PORTING.md, "Memory", says what each kind holds.
 
     `verify`: None runs common/porting/verify.py where both sides can run here, True requires it
     (refused before any work where a side cannot run), False skips it. A destination that misses
@@ -367,7 +414,18 @@ def convert(
         regular_file(src, "a file to convert")
     if dst.exists() and force and _same_file(src, dst):
         raise ConvertError("source and destination are the same file")
-    if to_kind == "marian":  # a folder of three files
+    if max_shard_size is not None:
+        if to_kind not in (None, "rosetta"):
+            raise ConvertError(
+                f"--max-shard-size writes the shared format in shards, not {to_kind}; drop one"
+            )
+        if not is_int(max_shard_size) or max_shard_size < 1:
+            raise ConvertError(f"--max-shard-size: {max_shard_size!r} is not a size in bytes")
+        to_kind = "rosetta"
+        # The folder and the layout's files already in it (no --force, no overwrite); the
+        # shards this model takes are checked too once its size is known (below).
+        dst = _check_shard_folder(dst, force, (src, *also_read))
+    elif to_kind == "marian":  # a folder of three files
         from transformer_rosetta.files.outputs import check_output_folder
         from transformer_rosetta.porting.marian_export import EXPORT_FILES
 
@@ -397,6 +455,10 @@ def convert(
         src, from_kind, config, table=table, learned_positions=learned_positions, notes=notes
     )
     check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
+    dtype = dtype_name(np.asarray(next(iter(tensors.values()))).dtype)  # one per file, checked
+    if max_shard_size is not None:
+        planned = planned_files(model_config, dtype, max_shard_size)
+        _check_shard_folder(dst, force, (src, *also_read), planned)
     check_finite(src, tensors, allow_nonfinite)
     tokenizer = source_tokenizer(src, from_kind, model_config)  # travels with a .safetensors
     if tokenizer is not None:
@@ -410,10 +472,19 @@ def convert(
         if problems:
             raise ConvertError("; ".join(problems))
     # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
-    check_free_space(dst.parent, sum(np.asarray(t).nbytes for t in tensors.values()), "DST")
+    itemsize = np.dtype(DTYPES[dtype]).itemsize  # from the shapes: no tensor is looked at
+    nbytes = itemsize * sum(math.prod(shape) for shape in canonical_shapes(model_config).values())
+    check_free_space(_existing_folder(dst), nbytes, "DST")
     say = progress or (lambda _message: None)
     provenance = _provenance(src, from_kind)
     provenance.notes = list(notes)
+    if verify is False:
+        provenance.verify = {"not_run": "--no-verify"}
+    elif allow_nonfinite and nonfinite_counts(tensors):
+        provenance.verify = {"not_run": "the weights hold NaN or Inf (--allow-nonfinite)"}
+    elif why_not:
+        provenance.verify = {"not_run": why_not}
+    verifying = not provenance.verify
     if to_kind == "onnx":
         say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
     # Written, verified and stamped beside DST, then moved into place last: until then DST is as
@@ -426,14 +497,12 @@ def convert(
             tensors,
             producer=f"rosetta convert from {from_kind}",
             onnx=_onnx_options(onnx),
+            # The shared format takes the record (when no verification is to come) and the
+            # tokenizer in the header it writes, so no second pass rewrites the file for them.
+            metadata=_metadata(provenance, tokenizer, verifying) if to_kind == "rosetta" else None,
+            max_shard_size=max_shard_size,
         )
-        if verify is False:
-            provenance.verify = {"not_run": "--no-verify"}
-        elif allow_nonfinite and nonfinite_counts(tensors):
-            provenance.verify = {"not_run": "the weights hold NaN or Inf (--allow-nonfinite)"}
-        elif why_not:
-            provenance.verify = {"not_run": why_not}
-        else:
+        if verifying:
             say(f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes")
             provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, stage))
         if not provenance.passed:
@@ -444,9 +513,12 @@ def convert(
                 f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
                 f"{shown(dst)} was {kept}"
             )
-        _stamp(stage, to_kind, provenance, tokenizer)
-        publish(stage, dst)
-    first = next(iter(tensors.values()))
+        if to_kind != "rosetta" or verifying:
+            _stamp(stage, to_kind, provenance, tokenizer if to_kind != "rosetta" else None)
+        if max_shard_size is not None:  # a folder: the stale shards of an earlier split go too
+            publish_weights(stage, dst)
+        else:
+            publish(stage, dst)
     return Converted(
         str(src),
         str(dst),
@@ -455,10 +527,43 @@ def convert(
         model_config,
         len(tensors),
         parameter_count(model_config),
-        dtype_name(first.dtype),
+        dtype,
         provenance,
         tuple(notes),
     )
+
+
+def _metadata(
+    provenance: Provenance, tokenizer: Tokenizer | None, verifying: bool
+) -> dict[str, str]:
+    """What a .safetensors destination's header carries from the start: the source's tokenizer,
+    and the provenance record unless a verification will add its result (then _stamp does)."""
+    from transformer_rosetta.weights.format import META_PROVENANCE
+    from transformer_rosetta.weights.tokenizer import tokenizer_metadata
+
+    carried = tokenizer_metadata(tokenizer) if tokenizer is not None else {}
+    return carried if verifying else {META_PROVENANCE: provenance.to_json(), **carried}
+
+
+def _existing_folder(path: Path) -> Path:
+    """The folder that `path` (a file, or a folder that may not exist yet) is written in: for
+    the free-space check."""
+    folder = path.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    return folder
+
+
+def _check_shard_folder(
+    dst: Path, force: bool, inputs: Sequence[str | Path | None], planned: Sequence[str] = ()
+) -> Path:
+    """A sharded destination's checks (check_output_folder): the folder, and each file the
+    write touches, the `planned` shards and the layout's files already there (which it replaces
+    or removes), none of them without --force."""
+    from transformer_rosetta.files.outputs import check_output_folder
+
+    names = shards.replaced_files(dst, planned) if dst.is_dir() else list(planned)
+    return check_output_folder(dst, names, what="DST", force=force, inputs=inputs)
 
 
 def _onnx_options(onnx: Mapping[str, Any] | None) -> dict[str, Any]:

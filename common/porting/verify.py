@@ -18,12 +18,16 @@ verification, and say why.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import gc
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import re
+import signal
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +40,9 @@ from transformer_rosetta.adapter.backends import (
     native_backend,
     unavailable_reason,
 )
+from transformer_rosetta.files.outputs import CAUGHT_SIGNALS
 from transformer_rosetta.oracle import reference
-from transformer_rosetta.porting.hf_folder import digest_files
+from transformer_rosetta.porting.hf_folder import INDEX_SUFFIX, digest_files, shard_map
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import dtype_name
 from transformer_rosetta.spec.inputs import ragged_batch
@@ -124,12 +129,21 @@ def sha256_of(path: Path) -> str:
     """A file's sha256. A Hugging Face folder's is one digest over the files it is read from
     (hf_folder.digest_files: the weights, sharded or not, config.json and the small files beside
     them), each as its path in the folder, its size and its bytes, in order of path: a changed
-    byte, a renamed file or one more file changes it."""
+    byte, a renamed file or one more file changes it. A sharded model given by its index is
+    digested the same way, over the index and the shards it names (the folder's digest, when the
+    folder holds that model alone). Every file is read in chunks of 1 MiB, never whole."""
     digest = hashlib.sha256()
-    files = digest_files(path) if path.is_dir() else [path]
+    folder = path
+    if path.is_dir():
+        files = digest_files(path)
+    elif path.name.endswith(INDEX_SUFFIX):  # a sharded model by its index: the shards too
+        folder = path.parent
+        files = sorted([path, *(folder / shard for shard in shard_map(folder, path.name))])
+    else:
+        files = [path]
     for file in files:
-        if file != path:  # a folder's file: its name and size first
-            name = file.relative_to(path).as_posix()
+        if file != path or folder != path:  # a folder's file: its name and size first
+            name = file.relative_to(folder).as_posix()
             digest.update(f"{name}\0{file.stat().st_size}\0".encode("utf-8", "surrogateescape"))
         with open(file, "rb") as f:
             for chunk in iter(functools.partial(f.read, 1 << 20), b""):
@@ -158,12 +172,18 @@ def why_not_runnable(kind: str, graph: str | None = None) -> str | None:
     return f"{kind} is the user's own code, which rosetta does not run"
 
 
+# The kinds whose runtime cannot take a row with no source token: transformers' Marian attends
+# pads where a row has no key, and BertModel's additive mask attends every pad of an all-pad row.
+FULL_ROWS_ONLY = ("marian", "bert")
+
+
 def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
     """The runtime of one side, reading `path` as written on disk."""
     if kind == "rosetta":
         from transformer_rosetta.weights.format import load_weights
 
-        weights = {k: np.asarray(v, np.float64) for k, v in load_weights(path).tensors.items()}
+        # Mapped from the file; reference.forward computes in float64 from them, call by call.
+        weights = load_weights(path).tensors
         return Runner(
             "numpy float64 oracle",
             "float64",
@@ -199,7 +219,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             "float32",
             marian_logits,
             {"transformers": version, "torch": package_version("torch")},
-            full_rows_only=True,
+            full_rows_only=kind in FULL_ROWS_ONLY,
         )
     if kind == "bert":
         from transformer_rosetta.porting import transformers_models
@@ -220,7 +240,7 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             "float32",
             bert_outputs,
             {"transformers": version, "torch": package_version("torch")},
-            full_rows_only=True,  # an all-pad row: BertModel's additive mask attends every pad
+            full_rows_only=kind in FULL_ROWS_ONLY,
         )
     if kind == "onnx":
         from transformer_rosetta.adapter.onnx_backend import session
@@ -285,18 +305,67 @@ def probes(
     return out
 
 
+def _collect_garbage() -> None:
+    """gc.collect(), for a model held in reference cycles (a Keras model is), with the signals
+    that stop a command only noted while it runs and acted on after: a handler that raised
+    inside a library's gc callback (JAX registers one) would raise where Python prints the
+    exception and goes on, and the command would not stop."""
+    if threading.current_thread() is not threading.main_thread():
+        gc.collect()
+        _release_freed_memory()
+        return
+    noted: list[int] = []
+    handlers = {
+        signum: signal.signal(signum, lambda signum, _frame: noted.append(signum))
+        for signum in (*CAUGHT_SIGNALS, signal.SIGINT)
+    }
+    try:
+        gc.collect()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if noted:  # now, in this frame, as if it had just arrived
+        handler = handlers[noted[0]]
+        if callable(handler):
+            handler(noted[0], None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(noted[0])
+    _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the OS (glibc's malloc_trim, where the C library is
+    glibc): a framework's freed buffers (JAX's) stay in the process's heap otherwise, and the
+    next model would be built on top of them."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
+        return
+    trim(0)
+
+
 def verify(
     config: TransformerConfig, source: tuple[str, Path], destination: tuple[str, Path]
 ) -> VerifyRecord:
-    """Run both sides on the probes; the record stored under provenance["verify"]."""
+    """Run both sides on the probes; the record stored under provenance["verify"].
+
+    One side at a time, so that the two models are never in memory together: the source runs on
+    every probe and only its outputs (a few small arrays) are kept; its model is freed; then the
+    destination is read and run and compared with them."""
+    full_rows_only = source[0] in FULL_ROWS_ONLY or destination[0] in FULL_ROWS_ONLY
+    batches = probes(config, full_rows_only)
     left = runner(source[0], source[1], config)
+    expected = [np.asarray(left.logits(src, tgt), np.float64) for src, tgt in batches]
+    left_label, left_dtype, left_versions = left.label, left.dtype, left.versions
+    del left  # the source's model, and the weights it holds: gone before the destination's
+    _collect_garbage()
     right = runner(destination[0], destination[1], config)
-    bound = max(atol_for(left.dtype, config), atol_for(right.dtype, config))
-    full_rows_only = left.full_rows_only or right.full_rows_only
+    bound = max(atol_for(left_dtype, config), atol_for(right.dtype, config))
     worst = 0.0
     shapes: list[list[int | None]] = []
-    for src, tgt in probes(config, full_rows_only):
-        diff = np.abs(np.asarray(left.logits(src, tgt), np.float64) - right.logits(src, tgt))
+    for (src, tgt), want in zip(batches, expected, strict=True):
+        diff = np.abs(want - right.logits(src, tgt))
         worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
         given = src if src is not None else tgt
         # Every model has a stack, and ragged_batch gives each stack's input.
@@ -311,10 +380,10 @@ def verify(
     return {
         **record,
         "bound": bound,
-        "sides": [left.label, right.label],
+        "sides": [left_label, right.label],
         "probe_seed": PROBE_SEED,
         "probe_shapes": shapes,
         "probe_rows": "ragged_batch"
         + (" without fully padded source rows" if full_rows_only else ""),
-        "versions": {**left.versions, **right.versions},
+        "versions": {**left_versions, **right.versions},
     }

@@ -1,28 +1,43 @@
 """The shared weight file: safetensors with canonical names, the config in the header metadata.
 
 docs/FORMAT.md is the normative description; this module implements it. Loading checks
-everything it can and reports every problem in one WeightFileError. Saving validates first and
-writes atomically (a temp file in the same folder, fsync, rename), so a crash or a bad tensor
-never leaves a partial or clobbered file.
+everything it can and reports every problem in one WeightFileError, then maps the file: each
+tensor is a read-only view of the file's pages, so a model of any size costs no memory of its
+own until it is used. Saving validates first, then streams the tensors one by one into a temp
+file in the same folder (fsync, rename), so a crash or a bad tensor never leaves a partial or
+clobbered file, and no second copy of the weights is ever built. A model may also be a folder of
+shards in Hugging Face's layout (weights/shards.py), read and written by the same functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import mmap
 import os
 import shutil
+import signal
+import stat
 import struct
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import safetensors.numpy
-from safetensors import safe_open
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
-from transformer_rosetta.files.outputs import atomic_write
+from transformer_rosetta.files.outputs import (
+    CAUGHT_SIGNALS,
+    WriteFailed,
+    atomic_write,
+    check_free_space,
+    publish,
+    staged,
+)
 from transformer_rosetta.files.safe_read import (
     MAX_HEADER_BYTES,
     MAX_INT_DIGITS,
@@ -40,6 +55,7 @@ from transformer_rosetta.files.safe_read import (
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
 from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.weights import shards
 
 FORMAT_NAME = "transformer-rosetta"
 FORMAT_VERSION = 1
@@ -79,10 +95,11 @@ _DTYPE_NAMES = {**SAFETENSORS_DTYPES, **_OTHER_DTYPES}
 
 @dataclass(frozen=True)
 class WeightFile:
-    """A loaded, validated weight file."""
+    """A loaded, validated weight file (or sharded model)."""
 
     config: TransformerConfig
-    tensors: dict[str, np.ndarray]  # canonical order
+    # Canonical order. Read-only views of the mapped file: copy one (np.array) to change it.
+    tensors: dict[str, np.ndarray]
     dtype: str
     metadata: dict[str, str]
 
@@ -255,20 +272,25 @@ def weight_file_path(path: str | Path, what: str) -> Path:
         ) from None
 
 
-def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:
-    """Parse and check a safetensors header: ({name: {dtype, shape, data_offsets}}, metadata or
-    None).
+@dataclass(frozen=True)
+class _Part:
+    """One safetensors file of a model, its header checked: where its tensor data starts, and
+    its size, which mapping it later checks again (a file replaced meanwhile is not misread)."""
 
-    The path must be a regular file (a FIFO or device is refused unopened). The framing is
-    checked by hand, so that a file that is not safetensors at all and one that was cut short
-    get messages saying which; the JSON is parsed depth- and size-safely; then every field's
-    type is checked (header_problems), naming the tensor at fault.
-    """
+    path: Path
+    header: dict[str, dict]
+    metadata: dict[str, str] | None
+    data_start: int
+    size: int
+
+
+def _read_part(path: str | Path) -> _Part:
+    """Parse and check one file's safetensors header (read_header's single-file case)."""
     path = weight_file_path(path, "a weight file")
     name = shown(path)
     try:
-        size = path.stat().st_size
         with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise WeightFileError(name, [f"not a safetensors file ({size} bytes)"])
@@ -298,7 +320,68 @@ def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | Non
     if problems:
         raise WeightFileError(name, problems)
     metadata = header.pop("__metadata__", None)
-    return header, metadata
+    return _Part(path, header, metadata, 8 + n, size)
+
+
+def _read_parts(path: str | Path) -> list[_Part]:
+    """Every file of the model at `path` (shards.locate), each header checked, and for a sharded
+    model every shard checked against the index and the others (shards.shard_problems) before
+    any tensor is read: all the problems of all the shards in one WeightFileError."""
+    layout = shards.locate(path)
+    if not layout.sharded:
+        return [_read_part(layout.files[0])]
+    label = shown(path)
+    parts, problems = [], []
+    for file in layout.files:
+        try:
+            parts.append(_read_part(file))
+        except WeightFileError as exc:
+            problems += [f"{shown(file.name)}: {problem}" for problem in exc.problems]
+    if problems:
+        raise WeightFileError(label, problems)
+    problems = shards.shard_problems(
+        layout,
+        {part.path.name: list(part.header) for part in parts},
+        sum(_data_bytes(part.header) for part in parts),
+        {part.path.name: part.metadata for part in parts},
+    )
+    if problems:
+        raise WeightFileError(label, problems)
+    return parts
+
+
+def _data_bytes(header: Mapping[str, dict]) -> int:
+    return sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
+
+
+def read_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str] | None]:
+    """Parse and check a safetensors header: ({name: {dtype, shape, data_offsets}}, metadata or
+    None).
+
+    The path must be a regular file (a FIFO or device is refused unopened). The framing is
+    checked by hand, so that a file that is not safetensors at all and one that was cut short
+    get messages saying which; the JSON is parsed depth- and size-safely; then every field's
+    type is checked (header_problems), naming the tensor at fault.
+
+    `path` may also be a sharded model (a folder, or its index: weights/shards.py): every shard
+    is checked, and against the index, and the result is their union, with each entry's
+    data_offsets counting in its own shard, and the metadata they all carry.
+    """
+    parts = _read_parts(path)
+    header = {name: entry for part in parts for name, entry in part.header.items()}
+    return header, parts[0].metadata
+
+
+def weight_paths(path: str | Path) -> list[Path]:
+    """The safetensors files that make up the model at `path`: the one weight file, or a
+    sharded model's shards in order, every one checked (and against its index) first. The index
+    is not among them: what it says, each shard's header says too."""
+    return [part.path for part in _read_parts(path)]
+
+
+def weights_size(path: str | Path) -> int:
+    """The bytes of tensor data of the model at `path` (all shards), from the headers alone."""
+    return sum(_data_bytes(part.header) for part in _read_parts(path))
 
 
 def metadata_problems(
@@ -356,7 +439,9 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     `config`, when given, is what the caller expects: a file whose config differs is refused,
     and a file without metadata is checked against it.
     """
-    header, metadata = read_header(path)  # every field's type is checked there
+    parts = _read_parts(path)  # every field's type is checked there, and every shard
+    header = {name: entry for part in parts for name, entry in part.header.items()}
+    metadata = parts[0].metadata  # every shard carries the same (checked by _read_parts)
     label = shown(path)
     problems, file_config = metadata_problems(metadata)
     if metadata is None and config is not None:
@@ -380,13 +465,58 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     if problems or check_config is None:
         raise WeightFileError(label, problems)
 
-    try:
-        with safe_open(str(path), framework="np") as f:
-            tensors = {name: f.get_tensor(name) for name in canonical_shapes(check_config)}
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise WeightFileError(label, [f"corrupt tensor data ({shown(str(exc))[:200]})"]) from None
+    mapped = {}
+    for part in parts:
+        data = _map_data(part, label)
+        mapped.update({name: _tensor_view(data, entry) for name, entry in part.header.items()})
+    tensors = {name: mapped[name] for name in canonical_shapes(check_config)}
     dtype = next(iter(entries.values()))[0] if entries else "float32"
     return WeightFile(check_config, tensors, dtype, dict(metadata or {}))
+
+
+# The numpy dtype of each stored code, in the file's byte order (safetensors is little-endian).
+_FILE_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": DTYPES["bfloat16"],  # ml_dtypes' bfloat16 has no byte-order variant: see _tensor_view
+}
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _map_data(part: _Part, label: str) -> np.ndarray:
+    """The tensor data of `part` as read-only bytes mapped from the file (no copy: the kernel
+    reads a page when a tensor first touches it, and may drop it again, so the weights cost no
+    anonymous memory). A file that changed since its header was checked is refused."""
+    try:
+        with part.path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size != part.size or f.read(8) != struct.pack(
+                "<Q", part.data_start - 8
+            ):
+                raise WeightFileError(
+                    label, [f"{shown(part.path.name)} changed while it was being read"]
+                )
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:  # ValueError: a file that cannot be mapped
+        reason = os_problem(exc) if isinstance(exc, OSError) else str(exc)
+        raise WeightFileError(label, [f"cannot map {shown(part.path.name)} ({reason})"]) from None
+    # ACCESS_READ: the buffer, and every array viewing it, is read-only.
+    return np.frombuffer(mapped, dtype=np.uint8, offset=part.data_start)
+
+
+def _tensor_view(data: np.ndarray, entry: Mapping[str, Any]) -> np.ndarray:
+    """One tensor of the data at its header's offsets, in the native byte order: a view of the
+    mapped file on a little-endian machine, a swapped copy (read-only too) on a big-endian one."""
+    begin, end = entry["data_offsets"]
+    raw = data[begin:end]
+    dtype = _FILE_DTYPES[entry["dtype"]]
+    if _LITTLE_ENDIAN:
+        return raw.view(dtype).reshape(entry["shape"])
+    swapped = (
+        raw.view(f"<u{dtype.itemsize}").astype(f"=u{dtype.itemsize}").view(dtype.newbyteorder("="))
+    )
+    swapped.flags.writeable = False
+    return swapped.reshape(entry["shape"])
 
 
 def check_tensors(
@@ -394,16 +524,35 @@ def check_tensors(
 ) -> None:
     """Refuse canonical `tensors` that do not fit `config`: every problem in one WeightFileError
     naming `path`, raised before anything is written there (every writer calls this first)."""
-    entries = {}
+    _checked_entries(path, config, tensors)
+
+
+def _checked_entries(
+    path: str | Path, config: TransformerConfig, tensors: Mapping[str, Any]
+) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """check_tensors, returning {name: (dtype, shape)} in canonical order. Each value is looked
+    at once, for its dtype and shape only, and not kept: `tensors` may compute each on access
+    (a transpose of a mapped file) and a model's worth of them is never held."""
+    entries, found = {}, {}
     for name, t in tensors.items():
-        a = np.asarray(t)
+        dtype = t.dtype if isinstance(t, np.ndarray) else np.asarray(t).dtype
+        shape = tuple(np.shape(t))
+        found[name] = (dtype, shape)
         try:
-            entries[name] = (dtype_name(a.dtype), a.shape)
+            entries[name] = (dtype_name(dtype), shape)
         except ValueError:
-            entries[name] = (str(a.dtype), a.shape)
+            entries[name] = (str(dtype), shape)
     problems = tensor_problems(config, entries)
     if problems:
         raise WeightFileError(str(path), problems)
+    return {name: found[name] for name in canonical_shapes(config)}
+
+
+# Spaces left in every header this writer writes, beyond safetensors' padding to 8 bytes: room
+# for add_metadata to rewrite the header in place (a provenance record is about 1 KB), instead
+# of copying the whole file. JSON allows whitespace after the value; every reader skips it.
+HEADER_ROOM = 16 * 1024
+_WRITER_KEYS = (META_FORMAT, META_VERSION, META_CONFIG, META_PRODUCER, META_TASK)
 
 
 def save_weights(
@@ -413,14 +562,44 @@ def save_weights(
     producer: str,
     *,
     task: str | None = None,
+    max_shard_size: int | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Validate `tensors` against `config`, then write them atomically (safetensors orders them
-    by name; readers rely on names only).
-    `task` names the transformer_rosetta.app.tasks task a trained model belongs to (metadata key "task")."""
+    """Validate `tensors` against `config`, then stream them into `path` atomically, one by
+    one: each value is read twice (once for its dtype and shape, once to write its bytes) and
+    never kept, so a Mapping that computes its values on access costs one tensor of memory at a
+    time. The file is what safetensors.numpy.save_file writes for the same tensors (tensors in
+    name order, docs/FORMAT.md "Order inside the file"), with HEADER_ROOM more spaces after the
+    header's JSON and the metadata keys in a fixed order.
+
+    `task` names the transformer_rosetta.app.tasks task a trained model belongs to (metadata key
+    "task"); `metadata` adds other string entries (the provenance record, the tokenizer).
+    `max_shard_size` (bytes) writes a folder at `path` in Hugging Face's sharded layout instead
+    (weights/shards.py): staged beside it and moved into place whole, every shard carrying the
+    same metadata. A caller that writes into an existing folder checks shards.replaced_files
+    first: the layout's files already there are replaced or removed."""
     path = Path(path)
-    arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
-    check_tensors(path, config, arrays)
-    ordered = {name: arrays[name] for name in canonical_shapes(config)}
+    entries = _checked_entries(path, config, tensors)
+    header_metadata = _metadata(path, config, producer, task, metadata)
+    if max_shard_size is not None:
+        _save_sharded(path, tensors, entries, header_metadata, max_shard_size)
+        return
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise WeightFileError(str(path), [f"folder {path.parent} does not exist"])
+    names = sorted(entries)  # safetensors' order: a file holds one dtype, so by name
+    head = _header_bytes(names, entries, header_metadata, HEADER_ROOM)
+    size = len(head) + sum(_nbytes(*entries[name]) for name in names)
+    atomic_write(path, lambda tmp: _write_file(Path(tmp), head, names, entries, tensors), size)
+
+
+def _metadata(
+    path: Path,
+    config: TransformerConfig,
+    producer: str,
+    task: str | None,
+    extra: Mapping[str, str] | None,
+) -> dict[str, str]:
+    """The header's metadata: the format's keys first, then the caller's others."""
     metadata = {
         META_FORMAT: FORMAT_NAME,
         META_VERSION: str(FORMAT_VERSION),
@@ -429,16 +608,166 @@ def save_weights(
     }
     if task is not None:
         metadata[META_TASK] = task
-    if not (path.parent if str(path.parent) else Path(".")).is_dir():
-        raise WeightFileError(str(path), [f"folder {path.parent} does not exist"])
-    size = (
-        sum(a.nbytes for a in ordered.values())
-        + sum(len(v) for v in metadata.values())
-        + 64 * len(ordered)
-    )
-    atomic_write(
-        path, lambda tmp: safetensors.numpy.save_file(ordered, tmp, metadata=metadata), size
-    )
+    extra = dict(extra or {})
+    problems = [
+        f"metadata {shown(k)} is set by the writer (format, format_version, config, producer, task)"
+        for k in extra
+        if k in _WRITER_KEYS
+    ]
+    problems += [
+        f"metadata {shown(str(k))} must be a string, got {json_type(v)}"
+        for k, v in extra.items()
+        if not isinstance(k, str) or not isinstance(v, str)
+    ]
+    if problems:
+        raise WeightFileError(str(path), problems)
+    return {**metadata, **extra}
+
+
+def _nbytes(dtype: np.dtype, shape: Sequence[int]) -> int:
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def _json_bytes(header: Mapping[str, Any]) -> bytes:
+    """A header as safetensors' serde_json writes it: no spaces, text as UTF-8 (not escaped)."""
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _header_bytes(
+    names: Sequence[str],
+    entries: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+    metadata: Mapping[str, str],
+    room: int,
+) -> bytes:
+    """The 8-byte little-endian length and the JSON header of a file holding `names` back to
+    back in this order: __metadata__ first, then each tensor's dtype, shape and data_offsets,
+    padded with spaces to a multiple of 8 (as safetensors pads it) and `room` more."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name in names:
+        dtype, shape = entries[name]
+        end = offset + _nbytes(dtype, shape)
+        code = _SAFETENSORS_CODES[dtype_name(dtype)]
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    text = _json_bytes(header)
+    text += b" " * (-len(text) % 8 + room)
+    return struct.pack("<Q", len(text)) + text
+
+
+_SAFETENSORS_CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
+
+
+def _write_file(
+    path: Path,
+    head: bytes,
+    names: Sequence[str],
+    entries: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+    tensors: Mapping[str, Any],
+) -> None:
+    """Write the header, then each tensor's bytes in `names` order, reading `tensors[name]` once
+    each and keeping none: a contiguous little-endian tensor goes to the file as it is, another
+    costs one copy of that tensor alone."""
+    with path.open("wb") as f:
+        f.write(head)
+        for name in names:
+            f.write(_file_bytes(path, name, tensors[name], entries[name]))
+
+
+def _file_bytes(
+    path: Path, name: str, value: Any, entry: tuple[np.dtype, tuple[int, ...]]
+) -> memoryview:
+    """`value` as the file's bytes (uint8, C order, little-endian), once it is what the check
+    saw: a Mapping that computes its values must compute the same one twice."""
+    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if (a.dtype, a.shape) != entry:
+        raise WeightFileError(
+            str(path),
+            [
+                f"tensor {name} changed between its check and its write: "
+                f"{a.dtype} {list(a.shape)}, was {entry[0]} {list(entry[1])}"
+            ],
+        )
+    a = np.ascontiguousarray(a)
+    if not _LITTLE_ENDIAN:  # safetensors is little-endian: swap a big-endian machine's bytes
+        a = a.view(f"=u{a.dtype.itemsize}").astype(f"<u{a.dtype.itemsize}")
+    return a.reshape(-1).view(np.uint8).data
+
+
+def _save_sharded(
+    folder: Path,
+    tensors: Mapping[str, Any],
+    entries: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+    metadata: Mapping[str, str],
+    max_shard_size: int,
+) -> None:
+    """save_weights into a folder of shards (weights/shards.py), staged beside `folder` and
+    published whole: a failure or a signal leaves `folder` as it was."""
+    sizes = {name: _nbytes(*entry) for name, entry in entries.items()}
+    groups = shards.split_into_shards(sizes, max_shard_size)
+    files = shards.shard_file_names(len(groups))
+    heads = [_header_bytes(sorted(g), entries, metadata, HEADER_ROOM) for g in groups]
+    with staged(folder) as stage:
+        check_free_space(stage.parent, sum(sizes.values()) + sum(map(len, heads)), shown(folder))
+        try:
+            stage.mkdir()
+            for file, group, head in zip(files, groups, heads, strict=True):
+                _write_file(stage / file, head, sorted(group), entries, tensors)
+            if len(groups) > 1:
+                weight_map = {
+                    name: file for file, group in zip(files, groups, strict=True) for name in group
+                }
+                parameters = sum(math.prod(shape) for _, shape in entries.values())
+                text = shards.index_text(weight_map, sum(sizes.values()), parameters)
+                (stage / shards.INDEX_FILE).write_text(text, encoding="utf-8")
+            for file in os.listdir(stage):
+                with open(stage / file, "rb+") as f:
+                    os.fsync(f.fileno())
+        except OSError as exc:  # a full disk: one line naming the destination
+            reason = exc.strerror or type(exc).__name__
+            raise WriteFailed(f"cannot write {shown(folder)}: {reason}") from exc
+        publish_weights(stage, folder)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """The catchable signals wait while inside (as outputs.publish holds them): a few renames
+    and removals that must happen all or not at all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {*CAUGHT_SIGNALS, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def publish_weights(stage: Path, path: Path) -> None:
+    """outputs.publish for a staged model: a file, or a folder of the sharded layout. Over an
+    existing folder, the layout's files that the new model lacks go too (the stale shards of an
+    earlier, larger split; a model.safetensors, which readers prefer to an index, first of all),
+    so the folder holds one model. The caller has checked them (shards.replaced_files)."""
+    if not (stage.is_dir() and path.is_dir()):
+        publish(stage, path)
+        return
+    new = set(os.listdir(stage))
+    stale = [name for name in shards.layout_files(path) if name not in new]
+    with _signals_held():
+        if shards.SINGLE_FILE in stale:  # before the index appears beside it
+            (path / shards.SINGLE_FILE).unlink()
+        publish(stage, path)
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                (path / name).unlink()
+
+
+def planned_files(config: TransformerConfig, dtype: str, max_shard_size: int) -> list[str]:
+    """What save_weights(max_shard_size=...) writes for a model of `config` in `dtype`: the
+    file names to check before the work (check_output_folder, with shards.replaced_files)."""
+    itemsize = DTYPES[dtype].itemsize
+    sizes = {name: math.prod(shape) * itemsize for name, shape in canonical_shapes(config).items()}
+    return shards.planned_files(sizes, max_shard_size)
 
 
 def nonfinite_counts(tensors: Mapping[str, np.ndarray]) -> dict[str, dict[str, int]]:
@@ -478,22 +807,52 @@ def check_finite(path: str | Path, tensors: Mapping[str, np.ndarray], allow: boo
 
 
 def add_metadata(path: str | Path, updates: Mapping[str, str]) -> None:
-    """Add string entries to a safetensors file's header metadata, keeping every tensor's bytes:
-    the header is rewritten and the data copied as it is (offsets count from the data's start),
-    atomically. Works on any safetensors file (ours, a Marian folder's model.safetensors)."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-        data_start = 8 + length
-    header["__metadata__"] = {**(header.get("__metadata__") or {}), **updates}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    """Add string entries to a safetensors file's header metadata, keeping every tensor's bytes.
+    Works on any safetensors file (ours, a Marian folder's model.safetensors), and on a sharded
+    model (a folder or its index), whose every shard gets them.
+
+    When the new header fits the old one's length (this writer leaves HEADER_ROOM spaces for
+    it), it is written over the old in place, padded with spaces: the data does not move, so
+    nothing else is copied. The callers do this on files not yet published (a staged convert or
+    save), since one interrupted write of a few kilobytes could leave the header half old. A
+    header that does not fit, or a file that is linked (a hub cache's blob) or not writable, is
+    rewritten whole instead: a new header with fresh room and the data copied, atomically."""
+    for part in _read_parts(path):  # every shard checked first, and against its index
+        _add_part_metadata(part, updates)
+
+
+def _add_part_metadata(part: _Part, updates: Mapping[str, str]) -> None:
+    with part.path.open("rb") as f:
+        f.seek(8)
+        old = json.loads(f.read(part.data_start - 8))  # checked by _read_part
+    metadata = {**(old.pop("__metadata__", None) or {}), **updates}
+    text = _json_bytes({"__metadata__": metadata, **old})
+    room = part.data_start - 8 - len(text)
+    if room >= 0 and _writable_in_place(part.path):
+        try:
+            with part.path.open("r+b") as out:
+                out.seek(8)
+                out.write(text + b" " * room)
+                out.flush()
+                os.fsync(out.fileno())
+            return
+        except OSError:  # refused after all (a read-only mount): the whole rewrite below
+            pass
+    text += b" " * (-len(text) % 8 + HEADER_ROOM)
 
     def write(tmp: str) -> None:
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
+        with part.path.open("rb") as src, open(tmp, "wb") as dst:
             dst.write(struct.pack("<Q", len(text)) + text)
-            src.seek(data_start)
+            src.seek(part.data_start)
             shutil.copyfileobj(src, dst)
 
-    atomic_write(path, write, os.path.getsize(path) + len(text))
+    atomic_write(part.path, write, part.size + len(text))
+
+
+def _writable_in_place(path: Path) -> bool:
+    """A regular file with one name: writing into it changes no other file's content."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and os.access(path, os.W_OK)

@@ -51,7 +51,7 @@ PUBLIC = [
 # `from __future__ import annotations`).
 SIGNATURES = {
     "beam_search": "(start: 'StepperFactory', c: 'TransformerConfig', src: 'np.ndarray', *, beam: 'int' = 4, alpha: 'float' = 0.6, extra_len: 'int' = 50) -> 'Decoded'",
-    "convert": "(src: 'str | Path', dst: 'str | Path', *, from_kind: 'str | None' = None, to_kind: 'str | None' = None, config: 'TransformerConfig | Mapping[str, Any] | None' = None, force: 'bool' = False, allow_nonfinite: 'bool' = False, also_read: 'Sequence[str | Path | None]' = (), table: 'Any' = None, learned_positions: 'bool' = False, verify: 'bool | None' = None, onnx: 'Mapping[str, Any] | None' = None, progress: 'Callable[[str], None] | None' = None) -> 'Converted'",
+    "convert": "(src: 'str | Path', dst: 'str | Path', *, from_kind: 'str | None' = None, to_kind: 'str | None' = None, config: 'TransformerConfig | Mapping[str, Any] | None' = None, force: 'bool' = False, allow_nonfinite: 'bool' = False, also_read: 'Sequence[str | Path | None]' = (), table: 'Any' = None, learned_positions: 'bool' = False, verify: 'bool | None' = None, onnx: 'Mapping[str, Any] | None' = None, progress: 'Callable[[str], None] | None' = None, max_shard_size: 'int | None' = None) -> 'Converted'",
     "greedy_search": "(start: 'StepperFactory', c: 'TransformerConfig', src: 'np.ndarray', *, extra_len: 'int' = 50, stop_at_eos: 'bool' = True) -> 'Decoded'",
     "init_weights": "(c: 'TransformerConfig', seed: 'int' = 0, *, scheme: 'str' = 'paper', dtype: 'str' = 'float32') -> 'dict[str, np.ndarray]'",
     "load": "(path: 'str | Path', framework: 'str' = 'torch', *, device: 'str' = 'auto', dtype: 'str | None' = None, precision: 'str' = 'highest', allow_nonfinite: 'bool' = False) -> 'RosettaModel'",
@@ -59,12 +59,12 @@ SIGNATURES = {
     "parity": "(weights: 'str | Path | None' = None, *, preset: 'str' = 'tiny', config: 'TransformerConfig | None' = None, src: 'np.ndarray | None' = None, tgt: 'np.ndarray | None' = None, frameworks: 'Sequence[str]' = ('numpy', 'torch', 'tf', 'jax'), dtype: 'str' = 'float32', device: 'str' = 'cpu', precision: 'str' = 'highest', seed: 'int' = 0) -> 'ParityReport'",
     "preset": "(name: 'str') -> 'TransformerConfig'",
     "sample_search": "(start: 'StepperFactory', c: 'TransformerConfig', src: 'np.ndarray', *, extra_len: 'int' = 50, temperature: 'float' = 1.0, top_k: 'int | None' = None, top_p: 'float | None' = None, seed: 'int' = 0, stop_at_eos: 'bool' = True) -> 'Decoded'",
-    "save_weights": "(path: 'str | Path', tensors: 'Mapping[str, np.ndarray]', config: 'TransformerConfig', producer: 'str', *, task: 'str | None' = None) -> 'None'",
+    "save_weights": "(path: 'str | Path', tensors: 'Mapping[str, np.ndarray]', config: 'TransformerConfig', producer: 'str', *, task: 'str | None' = None, max_shard_size: 'int | None' = None, metadata: 'Mapping[str, str] | None' = None) -> 'None'",
     "RosettaModel.forward": "(self, src: 'np.ndarray | Sequence[Sequence[int]] | None' = None, tgt: 'np.ndarray | Sequence[Sequence[int]] | None' = None, *, attention: 'bool' = False, hidden_states: 'bool' = False) -> 'ForwardOutput'",
     "RosettaModel.generate": "(self, inputs: 'Prompt | Sequence[Prompt]', *, max_new_tokens: 'int' = 50, beam: 'int' = 1, sample: 'bool' = False, temperature: 'float' = 1.0, top_k: 'int | None' = None, top_p: 'float | None' = None, seed: 'int' = 0, cached: 'bool' = True) -> 'Generated'",
     "RosettaModel.embed": "(self, inputs: 'str | Sequence[str] | np.ndarray', *, batch_size: 'int' = 32) -> 'np.ndarray'",
     "RosettaModel.encode": "(self, inputs: 'str | Sequence[str] | np.ndarray', *, batch_size: 'int' = 32) -> 'np.ndarray'",
-    "RosettaModel.save": "(self, path: 'str | Path', *, force: 'bool' = False) -> 'Path'",
+    "RosettaModel.save": "(self, path: 'str | Path', *, force: 'bool' = False, max_shard_size: 'int | None' = None) -> 'Path'",
 }
 
 

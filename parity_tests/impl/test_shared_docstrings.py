@@ -25,7 +25,7 @@ IMPLS = ("torch_impl", "tf_impl", "jax_impl")
 # The modules held to one docstring per contract. decode.py, train.py, weights.py and backend.py
 # describe their shared functions each in its own words still; add a module here once it is
 # aligned.
-MODULES = ("model", "precision")
+MODULES = ("model", "precision", "distributed")
 # torch's forward, Keras's call and NNX's __call__ are the same method.
 CALL_NAMES = {"forward": "__call__", "call": "__call__"}
 

@@ -73,12 +73,12 @@ def _off_by_a_bias(real):
     """A converter bug of the realistic kind: one bias entry written 1e-3 off. (Not every entry:
     a shift of all of them by the same amount is one the next LayerNorm takes out exactly.)"""
 
-    def write(path, kind, config, tensors, producer, onnx=None):
+    def write(path, kind, config, tensors, producer, onnx=None, **options):
         tensors = dict(tensors)
         name = next(n for n in tensors if n.endswith("feed_forward.output.bias"))
         tensors[name] = tensors[name].copy()
         tensors[name][0] += 1e-3
-        return real(path, kind, config, tensors, producer, onnx)
+        return real(path, kind, config, tensors, producer, onnx, **options)
 
     return write
 

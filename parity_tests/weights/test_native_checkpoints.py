@@ -394,19 +394,22 @@ def test_a_writer_that_fails_midway_leaves_no_partial_file(tmp_path, name, monke
 
         monkeypatch.setattr(torch, "save", lambda obj, path, *a, **k: _fail_midway(path))
     elif name == "tf":
-        from transformer_rosetta.tf_impl.model import Transformer
+        import h5py
 
-        monkeypatch.setattr(
-            Transformer, "save_weights", lambda self, path, *a, **k: _fail_midway(path)
-        )
-    else:
-        real = pathlib.Path.write_bytes
-
-        def write_bytes(self: pathlib.Path, data: bytes) -> int:
-            real(self, data[: len(data) // 2])
+        # The file is open and its groups are written when the first dataset fails.
+        def create_dataset(self, *args, **kwargs):
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
+        monkeypatch.setattr(h5py.Group, "create_dataset", create_dataset)
+    else:
+        from transformer_rosetta.jax_impl import weights as jax_weights
+
+        # The tree's headers are written, then the first array dies half way.
+        def pack_ndarray(f, array):
+            f.write(array.tobytes()[: array.nbytes // 2])
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(jax_weights, "_pack_ndarray", pack_ndarray)
     with pytest.raises(OSError, match="No space left"):
         backend.save_native(dest, config, weights)
     monkeypatch.undo()

@@ -1429,6 +1429,67 @@ def nn_transformer_fast_path() -> tuple[float, str]:
     return at_pads, f"real positions: {scientific(at_tokens)}"
 
 
+# -- 11. The loss over data-parallel replicas ------------------------------------------------------
+
+# A worker with two host devices (XLA_FLAGS before jax is imported): the same 20 Adam steps on
+# ragged batches, each replica's loss divided by its own token count, then by the global one.
+_RAGGED_TRAP_WORKER = """
+import json, sys
+import numpy as np
+from transformer_rosetta.jax_impl.distributed import ragged_trap_train_on_mesh
+from transformer_rosetta.spec.config import preset
+from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.spec.mesh import MeshShape
+from transformer_rosetta.weights.init import init_weights
+
+c = preset("tiny")
+weights = init_weights(c, seed=0, scheme="perturbed", dtype="float64")
+batches = []
+for seed in range(20):
+    src, tgt = ragged_batch(c, batch=4, src_len=9, tgt_len=7, seed=seed)
+    tgt[2:, 3:] = c.pad_id  # the second replica's rows hold fewer target tokens
+    batches.append((src, tgt))
+losses = {
+    way: ragged_trap_train_on_mesh(
+        c, weights, batches, MeshShape(2, 1), dtype="float64", warmup=4, denominator=way
+    )[0]
+    for way in ("local", "global")
+}
+print(json.dumps(float(np.max(np.abs(np.subtract(losses["local"], losses["global"]))))))
+"""
+
+
+@divergence(
+    topic="Loss over data-parallel replicas",
+    framework="JAX",
+    default=(
+        "each replica's mean over its own non-pad tokens, averaged by the engine (`jax.lax.pmean`; "
+        "DDP's gradient all-reduce averages the same way)"
+    ),
+    ours=(
+        "each replica's token sum over the GLOBAL token count, `spec/mesh.py` "
+        "`replica_loss_scale`; under `jax.jit` over the sharded batch the loss is written "
+        "global and no per-replica mean exists"
+    ),
+    effect=(
+        "max |Δ loss| over 20 Adam steps, tiny preset, float64, 2 replicas of a 4-row ragged batch "
+        "(the second replica's targets mostly padding): the per-replica mean against the global one"
+    ),
+    needs="jax",
+    cost="slow",
+)
+def ragged_replica_mean_jax() -> float:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run(
+        [sys.executable, "-c", _RAGGED_TRAP_WORKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 # -- running, writing, reading, rendering ----------------------------------------------------------
 
 

@@ -41,7 +41,15 @@ FRAMEWORKS = (
     ("tf", "Keras 3", "tf_impl"),
     ("jax", "Flax NNX", "jax_impl"),
 )
-IMPL_FILES = ("model.py", "precision.py", "decode.py", "train.py", "weights.py", "backend.py")
+IMPL_FILES = (
+    "model.py",
+    "precision.py",
+    "decode.py",
+    "train.py",
+    "weights.py",
+    "distributed.py",
+    "backend.py",
+)
 
 _MARKER = re.compile(r"^\s*# rosetta: (?P<key>[a-z_]+)\s*$")
 END = "end"
@@ -157,6 +165,18 @@ CONCEPTS: tuple[Concept, ...] = (
         "`state_dict`, Keras variable paths, Flax NNX state paths. Only torch transposes.",
     ),
     Concept(
+        "distribution",
+        "Distribution",
+        "Each framework's own engine on a `data` x `model` mesh (`spec/mesh.py`). torch runs one "
+        "process per device: DDP replicates the model over `data`, FSDP2's `fully_shard` shards "
+        "every parameter over `model` and all-gathers each layer before it runs. JAX and Keras "
+        "run one program over all devices: JAX puts `NamedSharding`s on the batch and on the "
+        "parameters, Keras names the same Megatron-style splits in a `LayoutMap` (on its JAX "
+        "backend), and XLA inserts the collectives. The loss stays the one-device loss: a "
+        "replica's token sum over the GLOBAL token count, since a mean of per-replica means is "
+        "another loss on a ragged batch (the divergence catalogue measures it).",
+    ),
+    Concept(
         "device",
         "Device and precision",
         "torch moves the module and each tensor explicitly (`.to(device)`); TensorFlow places "
@@ -195,6 +215,14 @@ _MASKS = ("key_padding_mask", "decoder_key_padding_mask", "causal_mask", "decode
 # concept key -> framework key -> the excerpts named by definition; the slices marked in the
 # files join them. A concept that a framework shows through marked slices alone is left out.
 CUTS: dict[str, dict[str, tuple[Cut, ...]]] = {
+    "distribution": {
+        "torch": (whole("distributed.py", "_shard"), whole("distributed.py", "_distribute")),
+        "tf": (whole("distributed.py", "layout_map", "distribution"),),
+        "jax": (
+            whole("distributed.py", "make_mesh"),
+            whole("distributed.py", "tensor_parallel_axes", "annotate_tensor_parallel"),
+        ),
+    },
     "parameters": {
         "torch": (whole("model.py", "Transformer._init_weights"),),
         "tf": (whole("model.py", "MultiHeadAttention.build"),),

@@ -28,6 +28,7 @@ from transformer_rosetta.errors import InputError, RosettaError  # noqa: E402
 from transformer_rosetta.files.outputs import shown  # noqa: E402
 from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
 from transformer_rosetta.spec.inputs import INPUT_STACKS  # noqa: E402
+from transformer_rosetta.spec.mesh import MeshShape, parse_mesh  # noqa: E402
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
 from transformer_rosetta.weights.format import (  # noqa: E402
     WeightFile,
@@ -82,6 +83,25 @@ def seed_int(text: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {value}")
     return value
+
+
+def size_arg(text: str) -> int:
+    """An argparse type: a size in bytes, "2GB", "200MB", "500KB" or a plain count (KB to TB
+    are powers of 10, as huggingface_hub reads them; KiB to TiB powers of 2)."""
+    from transformer_rosetta.weights.shards import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def mesh_arg(text: str) -> MeshShape:
+    """An argparse type: a device mesh, `data=2,model=2` (transformer_rosetta.spec.mesh)."""
+    try:
+        return parse_mesh(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--mesh {text!r}: ")) from None
 
 
 MAX_REPEATS = 1000  # a benchmark's rounds: beyond this a run is a hang, not a measurement

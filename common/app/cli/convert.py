@@ -8,7 +8,13 @@ import argparse
 import json
 import sys
 
-from transformer_rosetta.app.cli.args import EXIT_FAILURE, EXIT_OK, positive_int
+from transformer_rosetta.app.cli.args import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    UsageError,
+    positive_int,
+    size_arg,
+)
 from transformer_rosetta.spec.config import read_config_fields
 
 
@@ -17,6 +23,9 @@ def run_convert_command(args: argparse.Namespace) -> int:
     from transformer_rosetta.porting.user_map import load_map
     from transformer_rosetta.porting.verify import VerificationFailed
 
+    max_shard_size = getattr(args, "max_shard_size", None)  # `rosetta export` has none
+    if max_shard_size is not None:
+        refuse_shards_for_another_kind(args.dst, args.to_kind)
     # The fields as written: a table kind takes what the model does not fix from them.
     config = read_config_fields(args.config) if args.config else None
     table = load_map(args.map) if args.map else None
@@ -43,6 +52,7 @@ def run_convert_command(args: argparse.Namespace) -> int:
             learned_positions=args.learned_positions,
             verify=args.verify,
             onnx=onnx or None,
+            max_shard_size=max_shard_size,
             progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
         )
     except VerificationFailed as exc:  # the work ran and its result is wrong: exit 1, not 2
@@ -71,6 +81,21 @@ def run_convert_command(args: argparse.Namespace) -> int:
     else:
         print(done.summary())
     return EXIT_OK
+
+
+def refuse_shards_for_another_kind(dst: str, to_kind: str | None) -> None:
+    """--max-shard-size writes the shared format's sharded folder; any other kind, asked for by
+    --to or by DST's name, is a usage mistake, refused before any work."""
+    from pathlib import Path
+
+    from transformer_rosetta.porting.convert import kind_from_suffix
+
+    kind = to_kind or kind_from_suffix(Path(dst))
+    if kind not in (None, "rosetta"):
+        raise UsageError(
+            f"--max-shard-size writes the shared format (a folder of .safetensors shards), not "
+            f"{kind}: give a folder as DST, or drop --max-shard-size"
+        )
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
@@ -109,7 +134,12 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "shapes, and a field that contradicts the model is refused by name. The whole source "
             "is validated first, every problem reported at once; DST is written atomically and "
             "never overwritten without --force. torch files are read with weights_only=True and "
-            ".h5 files with h5py: no pickle code ever runs."
+            ".h5 files with h5py: no pickle code ever runs. Conversions stream: the shared format "
+            "(one file, or a folder or index.json of shards) is mapped, and torch, Keras and Flax "
+            "checkpoints are written and read one tensor at a time without building a model, so a "
+            "conversion holds about one tensor beyond the framework's own memory (a Flax array "
+            "over 1 GiB, which Flax stores in chunks, is joined into one copy when read). --verify "
+            "runs the source's model, frees it, then runs the destination's."
         ),
         epilog=(
             "examples:\n  rosetta convert model.safetensors model.pt --config config.json\n"
@@ -119,6 +149,7 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "  rosetta convert model.safetensors ./my-marian-folder --to marian\n"
             "  rosetta convert ./all-MiniLM-L6-v2 minilm.safetensors --from bert\n"
             "  rosetta convert model.safetensors model.onnx   # or: rosetta export\n"
+            "  rosetta convert big.safetensors shards/ --max-shard-size 200MB\n"
             "  rosetta convert annotated.pt model.safetensors --config heads.json   "
             '# heads.json: {"num_heads": 8}\n'
             "  rosetta convert mine.pt model.safetensors --map mine.map.json --config heads.json\n"
@@ -127,8 +158,13 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("src", help="the file (or Marian or BERT folder) to read")
-    p.add_argument("dst", help="the file (or, with --to marian, the folder) to write")
+    p.add_argument(
+        "src",
+        help="the file (or Marian or BERT folder, or a sharded model's folder or index) to read",
+    )
+    p.add_argument(
+        "dst", help="the file (or, with --to marian or --max-shard-size, the folder) to write"
+    )
     p.add_argument("--from", dest="from_kind", choices=list(KINDS), help="the source kind")
     p.add_argument(
         "--to",
@@ -155,6 +191,15 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="import a stored position table that is not the claimed sinusoid as learned "
         "positions (refused by default)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=size_arg,
+        metavar="SIZE",
+        help="write the shared format as a folder DST of shards in Hugging Face's layout "
+        "(model-00001-of-0000N.safetensors and model.safetensors.index.json; one "
+        "model.safetensors when all fits), each at most SIZE of tensor bytes unless one tensor "
+        "is larger: 2GB, 200MB, 500KB (powers of 10, as transformers reads them), 1GiB, or bytes",
     )
     add_writing_arguments(p)
     p.set_defaults(run=run_convert_command)

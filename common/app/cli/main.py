@@ -97,6 +97,9 @@ def main(argv: Sequence[str] | None = None, extra: Sequence[AddCommand] = ()) ->
             sys.stdout.flush()  # a full disk or a closed pipe shows here, not after exit
             return code
     except RosettaError as exc:
+        signum = signal_received()
+        if signum is not None:  # the signal stopped the work first; this error is its aftermath
+            return _stopped(signum)
         return _fail(str(exc))
     except MemoryError:
         return _fail("out of memory; try a smaller batch, length or model")

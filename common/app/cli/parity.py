@@ -21,6 +21,7 @@ from transformer_rosetta.app.cli.args import (
     check_devices_visible,
     config_and_weights,
     load_inputs,
+    mesh_arg,
     positive_int,
     refuse_absent_half,
     runtimes_arg,
@@ -30,6 +31,7 @@ from transformer_rosetta.app.resources import check_forward_fits
 from transformer_rosetta.files.outputs import check_output_folder
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.inputs import check_inputs, ragged_batch
+from transformer_rosetta.spec.mesh import check_mesh
 
 if TYPE_CHECKING:
     from transformer_rosetta.app.parity import ParityReport
@@ -46,7 +48,10 @@ def run_parity_command(args: argparse.Namespace) -> int:
     config, weights, source = config_and_weights(args, default_preset="tiny")
     src, tgt_in = parity_inputs(args, config)
     plot_layer = check_plot_request(args, config, batch_size(src, tgt_in))
-    check_devices_visible(args.frameworks, args.device)
+    if args.mesh is not None:
+        check_parity_mesh(args, config, batch_size(src, tgt_in))
+    else:
+        check_devices_visible(args.frameworks, args.device)
     report = run_parity(
         config,
         weights,
@@ -57,6 +62,7 @@ def run_parity_command(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
         progress=None if args.json else stderr_progress,
+        mesh=args.mesh,
     )
     plots: list[Path] = []
     if args.plot:
@@ -74,6 +80,15 @@ def run_parity_command(args: argparse.Namespace) -> int:
     if not report.runs:
         return EXIT_FAILURE
     return EXIT_OK if report.passed else EXIT_FAILURE
+
+
+def check_parity_mesh(args: argparse.Namespace, config: TransformerConfig, batch: int) -> None:
+    """--mesh's requests that cannot run, refused before anything starts."""
+    if args.device != "auto":
+        raise UsageError(f"--device {args.device}: a mesh run uses the devices its engine sees")
+    if args.dtype not in ("float32", "float64"):
+        raise UsageError(f"--dtype {args.dtype}: a mesh run computes in float32 or float64")
+    check_mesh(args.mesh, config, batch=batch)
 
 
 # --src-len and --tgt-len when not given (a half of the family takes one of them).
@@ -220,6 +235,15 @@ def add_parity(sub: argparse._SubParsersAction) -> None:
     )
     add_precision_argument(p)
     add_device_argument(p, every=True)
+    p.add_argument(
+        "--mesh",
+        type=mesh_arg,
+        metavar="data=D,model=M",
+        help="run each framework's sharded forward on D x M devices with its own distributed "
+        "engine (torch: DDP or FSDP2; jax: jax.sharding; tf: keras.distribution on Keras's JAX "
+        "backend), the parameters split over M, the rows over D, against the oracle (float32 "
+        "or float64; the explicit attention path)",
+    )
     data = p.add_argument_group("inputs")
     data.add_argument("--batch", type=positive_int, default=4, help="rows (default 4)")
     data.add_argument(
