@@ -188,6 +188,12 @@ def annotate_tensor_parallel(model: Transformer) -> None:
         state[path].set_metadata(out_sharding=axes or None)
 
 
+# How long the other processes wait for a lost one before JAX's coordination service stops them
+# with its error (JAX's default is 100 s): a run's steps take well under a second each, and a
+# lost process must not hold the others much longer than torch's ranks wait (60 s).
+HEARTBEAT_TIMEOUT_SECONDS = 60
+
+
 def initialize_processes(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -208,6 +214,7 @@ def initialize_processes(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS,
     )
 
 

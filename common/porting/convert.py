@@ -152,6 +152,14 @@ def infer_source_kind(path: Path) -> str:
         )
     if path.name.endswith(shards.INDEX_FILE):  # a sharded model, given by its index
         return "rosetta"
+    if path.name.endswith(TORCH_INDEX_SUFFIX):  # a sharded torch state_dict: its tensors tell
+        found = _outside_kind(_torch_tensors(path), ORIGINS_PT)
+        if found is None:
+            raise ConvertError(
+                f"{path}: a sharded torch state_dict whose names tell no kind; give --from "
+                f"(one of {', '.join(TABLE_KINDS)}, or nn-transformer)"
+            )
+        return found
     kind = kind_from_suffix(path)
     if kind is None:
         raise ConvertError(
@@ -181,6 +189,21 @@ def _holds_the_shared_format(folder: Path) -> bool:
     except WeightFileError:
         return False
     return (metadata or {}).get(META_FORMAT) == FORMAT_NAME
+
+
+# A torch state_dict saved in shards, as transformers' save_pretrained(safe_serialization=False)
+# writes them: pytorch_model.bin.index.json names the .bin file of every tensor.
+TORCH_INDEX_SUFFIX = ".bin.index.json"
+
+
+def _torch_tensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a torch .pt/.bin state_dict, or of all the shards a .bin index names (each
+    checked first: a missing shard or a tensor claimed twice is named, common/porting/hf_folder)."""
+    if path.name.endswith(TORCH_INDEX_SUFFIX):
+        from transformer_rosetta.porting.hf_folder import read_sharded_weights
+
+        return read_sharded_weights(path.parent, path.name)
+    return tensor_reader().read_tensors(path)
 
 
 # A name that only one outside model's files hold -> its kind (checked in this order).
@@ -270,7 +293,7 @@ def read_source(
     if kind == "nn-transformer":
         from transformer_rosetta.porting.nn_transformer import nn_transformer_to_canonical
 
-        return config, nn_transformer_to_canonical(tensor_reader().read_tensors(path), config)
+        return config, nn_transformer_to_canonical(_torch_tensors(path), config)
     return config, native_backend(kind).load_native(path, config)
 
 
@@ -317,7 +340,11 @@ def _read_with_table(
         raise ConvertError(f"--map applies to --from map, not to --from {kind}")
     else:
         table = {**TABLES, **GPT_TABLES}[kind]
-    arrays = read_source_tensors(path)
+    arrays = (
+        _torch_tensors(path)
+        if path.name.endswith(TORCH_INDEX_SUFFIX)
+        else read_source_tensors(path)
+    )
     given = config.to_dict() if isinstance(config, TransformerConfig) else dict(config or {})
     shapes = {k: tuple(np.shape(v)) for k, v in arrays.items()}
     model_config = assemble_config(table, shapes, given, learned_positions=learned_positions)

@@ -11,6 +11,7 @@ the fast path is tested apart, for the way it differs.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import warnings
 
@@ -416,3 +417,42 @@ def test_rosetta_convert_infers_nn_transformer_from_a_pt_file(tmp_path, capsys):
     code = main(["convert", str(tmp_path / "pipeline.pt"), str(tmp_path / "again.safetensors")])
     assert code == 2 and "--config FILE.json is required" in capsys.readouterr().err
     assert not (tmp_path / "again.safetensors").exists()
+
+
+def test_a_state_dict_in_bin_shards_converts_as_the_one_file_does(tmp_path):
+    """A torch state_dict saved in shards (pytorch_model.bin.index.json and its .bin files, as
+    transformers' save_pretrained(safe_serialization=False) writes them) converts, given by its
+    index, to the bytes the one-file .pt converts to; a missing shard is named before any work."""
+    from transformer_rosetta.porting.convert import convert
+    from transformer_rosetta.weights.format import load_weights
+
+    c = case_config("post-relu")
+    state = random_pipeline(c).state_dict()
+    whole = tmp_path / "whole.pt"
+    torch.save(state, whole)
+    keys = list(state)
+    parts = {
+        "pytorch_model-00001-of-00002.bin": keys[::2],
+        "pytorch_model-00002-of-00002.bin": keys[1::2],
+    }
+    weight_map = {}
+    for file, names in parts.items():
+        torch.save({k: state[k] for k in names}, tmp_path / file)
+        weight_map.update(dict.fromkeys(names, file))
+    index = tmp_path / "pytorch_model.bin.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = tmp_path / "config.json"
+    config.write_text(c.to_json())
+    kinds = ("nn-transformer", None)  # given, and inferred from the index's tensors
+    for i, kind in enumerate(kinds):
+        convert(index, tmp_path / f"s{i}.safetensors", from_kind=kind, config=c, verify=False)
+    convert(whole, tmp_path / "w.safetensors", from_kind="nn-transformer", config=c, verify=False)
+    want = load_weights(tmp_path / "w.safetensors").tensors
+    for i in range(len(kinds)):
+        got = load_weights(tmp_path / f"s{i}.safetensors").tensors
+        assert list(got) == list(want)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    (tmp_path / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(WeightFileError, match="pytorch_model-00002-of-00002.bin"):
+        convert(index, tmp_path / "x.safetensors", from_kind="nn-transformer", config=c)
+    assert not (tmp_path / "x.safetensors").exists()
