@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
-import json
 import os
 import platform
 import shutil
@@ -66,7 +65,13 @@ from transformer_rosetta.benchmarks.generate_model import (
     model_bytes,
     stacked_config,
 )
-from transformer_rosetta.benchmarks.harness import cli_main, cpu_name, parser, to_stderr
+from transformer_rosetta.benchmarks.harness import (
+    cli_main,
+    cpu_name,
+    parser,
+    to_stderr,
+    write_results,
+)
 from transformer_rosetta.files.outputs import atomic_write, check_output_file
 from transformer_rosetta.spec.config import TransformerConfig, preset
 
@@ -1004,12 +1009,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         progress=to_stderr,
     )
-    text = json.dumps(result, indent=2)
     table = markdown(result)
-    if args.out is not None:
-        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text + "\n"))
-    if args.markdown is not None:
-        atomic_write(args.markdown, lambda tmp: Path(tmp).write_text(table))
+    text = write_results(result, table, args.out, args.markdown)
     if args.plot is not None:
         atomic_write(args.plot, lambda tmp: plot(result, Path(tmp)))
     print(text if args.json else table, flush=True)

@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -637,3 +638,18 @@ def to_stderr(message: str) -> None:
 def dump(result: Any) -> str:
     """The --json output."""
     return json.dumps(result, indent=2)
+
+
+def write_results(
+    result: Mapping[str, Any], table: str, out: Path | None, markdown: Path | None
+) -> str:
+    """A sized benchmark's two records, each written atomically where asked for: the JSON of
+    `result` at `out`, the markdown `table` at `markdown`. Returns the JSON text."""
+    from transformer_rosetta.files.outputs import atomic_write
+
+    text = json.dumps(result, indent=2)
+    if out is not None:
+        atomic_write(out, lambda tmp: Path(tmp).write_text(text + "\n"))
+    if markdown is not None:
+        atomic_write(markdown, lambda tmp: Path(tmp).write_text(table))
+    return text

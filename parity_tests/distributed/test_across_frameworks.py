@@ -21,28 +21,18 @@ import itertools
 import numpy as np
 import pytest
 
-from parity_tests.grid import PAIRWISE_GRID
+from parity_tests.distributed.cases import CONFIG, F64_ATOL, ROWS, STEPS, WARMUP, global_batch
 from transformer_rosetta.adapter.backends import unavailable_reason
 from transformer_rosetta.app.distributed import train_on_mesh
-from transformer_rosetta.spec.inputs import ragged_batch
 from transformer_rosetta.spec.mesh import MeshShape, replica_rows, target_tokens
 from transformer_rosetta.weights.init import init_weights
 
-CONFIG = PAIRWISE_GRID["post-gelu_tanh-sin-interleaved-shared-nobias"]
-STEPS, WARMUP, ROWS = 20, 10, 4
-F64_ATOL = 1e-12
 ENGINES = ("torch", "tf", "jax")
 
 
 def global_batches() -> list[tuple[np.ndarray, np.ndarray]]:
-    """STEPS global batches of ROWS rows whose two replicas hold different token counts."""
-    batches = []
-    for seed in range(STEPS):
-        src, tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=6, tgt_len=5, seed=seed)
-        tgt = np.concatenate([tgt_in[:, 1:], np.full((ROWS, 1), CONFIG.pad_id)], axis=1)
-        tgt[0, -1] = CONFIG.eos_id
-        batches.append((src, tgt))
-    return batches
+    """STEPS ragged global batches whose two replicas hold different token counts."""
+    return [global_batch(seed) for seed in range(STEPS)]
 
 
 def test_the_three_engines_train_alike_on_ragged_batches():

@@ -61,7 +61,17 @@ import numpy as np
 import pytest
 
 from parity_tests.conftest import backend_or_skip
-from parity_tests.grid import PAIRWISE_GRID
+from parity_tests.distributed.cases import (
+    CONFIG,
+    F64_ATOL,
+    ROWS,
+    STEPS,
+    TRAP_MIN_GAP,
+    WARMUP,
+    global_batch,
+    max_diff,
+    weight_diff,
+)
 from parity_tests.paths import ROOT
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.inputs import ragged_batch
@@ -71,35 +81,13 @@ from transformer_rosetta.spec.tolerances import atol_for
 from transformer_rosetta.weights.format import load_weights
 from transformer_rosetta.weights.init import init_weights
 
-CONFIG = PAIRWISE_GRID["post-gelu_tanh-sin-interleaved-shared-nobias"]
-STEPS, WARMUP, ROWS = 20, 10, 4
-F64_ATOL = 1e-12
 LOSS_ATOL_F32 = 5e-6
 WEIGHT_ATOL_F32 = 3e-5
-# The trap's gap must be this large to count as shown: far above float64 rounding (1e-12).
-TRAP_MIN_GAP = 1e-6
 WORKER = ["-m", "parity_tests.distributed.jax_mesh_worker"]
 DATA2, MODEL2 = "data=2,model=1", "data=1,model=2"
 # LLVM's optimisation of the compiled CPU code off, in every worker (the module docstring says
 # why this does not weaken the comparisons).
 XLA_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
-
-
-def global_batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(src, tgt) of ROWS rows, ragged (test_torch_distributed.py's): later rows are shorter, so
-    replica 0 (rows 0-1) holds more target tokens than replica 1 (rows 2-3)."""
-    src, tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=6, tgt_len=5, seed=seed)
-    tgt = np.concatenate([tgt_in[:, 1:], np.full((ROWS, 1), CONFIG.pad_id)], axis=1)
-    tgt[0, -1] = CONFIG.eos_id
-    return src, tgt
-
-
-def max_diff(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
-def weight_diff(found: dict, prefix: str, want: dict) -> float:
-    return max(max_diff(found[f"{prefix}:w:{name}"], want[name]) for name in want)
 
 
 def worker_env(devices: int = 1, **extra: str) -> dict[str, str]:

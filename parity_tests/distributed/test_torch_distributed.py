@@ -45,7 +45,17 @@ import numpy as np
 import pytest
 
 from parity_tests.conftest import backend_or_skip, import_or_skip
-from parity_tests.grid import PAIRWISE_GRID
+from parity_tests.distributed.cases import (
+    CONFIG,
+    F64_ATOL,
+    ROWS,
+    STEPS,
+    TRAP_MIN_GAP,
+    WARMUP,
+    global_batch,
+    max_diff,
+    weight_diff,
+)
 from parity_tests.paths import ROOT
 from transformer_rosetta.errors import InputError
 from transformer_rosetta.oracle import reference
@@ -59,31 +69,9 @@ from transformer_rosetta.weights.init import init_weights
 
 distributed = import_or_skip("transformer_rosetta.torch_impl.distributed", "torch is not installed")
 
-CONFIG = PAIRWISE_GRID["post-gelu_tanh-sin-interleaved-shared-nobias"]
-STEPS, WARMUP, ROWS = 20, 10, 4
-F64_ATOL = 1e-12
 LOSS_ATOL_F32 = 5e-6
 WEIGHT_ATOL_F32 = 5e-6
-# The trap's gap must be this large to count as shown: far above float64 rounding (1e-12).
-TRAP_MIN_GAP = 1e-6
 DATA_2 = MeshShape(data=2)
-
-
-def global_batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(src, tgt) of ROWS rows, ragged: 5, 3, 2 and 1 target tokens, so that replica 0 (rows 0
-    and 1) holds 8 and replica 1 (rows 2 and 3) 3."""
-    src, tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=6, tgt_len=5, seed=seed)
-    tgt = np.concatenate([tgt_in[:, 1:], np.full((ROWS, 1), CONFIG.pad_id)], axis=1)
-    tgt[0, -1] = CONFIG.eos_id
-    return src, tgt
-
-
-def max_diff(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
-def weight_diff(found: dict, prefix: str, want: dict) -> float:
-    return max(max_diff(found[f"{prefix}:w:{name}"], want[name]) for name in want)
 
 
 def run_worker(args: list[str], inputs: Path, tmp: Path) -> dict[str, np.ndarray]:
