@@ -56,6 +56,7 @@ import datetime
 import logging
 import multiprocessing
 import os
+import signal
 import tempfile
 import uuid
 import warnings
@@ -494,6 +495,9 @@ def launch_local(fn: Callable[..., T], nprocs: int, *args: Any) -> dict[int, T]:
             monitor_interval=0.1,
             start_method="forkserver",
         )
+        # The agent installs its own SIGINT/SIGTERM handlers (raising SignalException) and
+        # leaves them: the caller's (the command line's clean stop) come back after the run.
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             with _launcher_quiet():
                 return elastic_launch(config, _in_own_group)(fn, *args)
@@ -505,6 +509,9 @@ def launch_local(fn: Callable[..., T], nprocs: int, *args: Any) -> dict[int, T]:
                 if rank not in failures and os.path.isfile(path):
                     failures[rank] = ProcessFailure(rank, pid=-1, exitcode=1, error_file=path)
             what = _root_cause(failures, nprocs)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     raise RankFailed(f"{what}; the other ranks were stopped and no result was kept")
 
 
