@@ -26,11 +26,11 @@ from transformer_rosetta.files.safe_read import is_int, regular_file, shown
 from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
 from transformer_rosetta.porting.verify import (
     PROBE_SHAPES,
+    BackgroundDigest,
     Provenance,
     VerificationFailed,
     difference_text,
     package_version,
-    sha256_of,
     why_not_runnable,
 )
 from transformer_rosetta.porting.verify import verify as run_verification
@@ -477,99 +477,106 @@ def convert(
     why_not = _why_not_verified(from_kind, to_kind, onnx)
     if verify and why_not:
         raise ConvertError(f"--verify: {why_not}")
-    notes: list[str] = []
-    model_config, tensors = read_source(
-        src, from_kind, config, table=table, learned_positions=learned_positions, notes=notes
-    )
-    check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
-    dtype = dtype_name(np.asarray(next(iter(tensors.values()))).dtype)  # one per file, checked
-    if max_shard_size is not None:
-        planned = planned_files(model_config, dtype, max_shard_size)
-        _check_shard_folder(dst, force, (src, *also_read), planned)
-    check_finite(src, tensors, allow_nonfinite)
-    tokenizer = source_tokenizer(src, from_kind, model_config)  # travels with a .safetensors
-    if tokenizer is not None:
-        notes.append(carried_note(tokenizer, to_kind))
-    if verify and allow_nonfinite and nonfinite_counts(tensors):
-        raise ConvertError("--verify: the weights hold NaN or Inf, whose logits cannot be compared")
-    if to_kind == "onnx":
-        from transformer_rosetta.porting.onnx_file import export_problems
+    # The source's sha256 (the provenance record's) is read in a thread from here on, beside
+    # the checks and the write; the record takes it once the destination is written.
+    with BackgroundDigest(src) as digest:
+        notes: list[str] = []
+        model_config, tensors = read_source(
+            src, from_kind, config, table=table, learned_positions=learned_positions, notes=notes
+        )
+        check_tensors(src, model_config, tensors)  # an importer's slip: refused before writing
+        dtype = dtype_name(np.asarray(next(iter(tensors.values()))).dtype)  # one per file, checked
+        if max_shard_size is not None:
+            planned = planned_files(model_config, dtype, max_shard_size)
+            _check_shard_folder(dst, force, (src, *also_read), planned)
+        check_finite(src, tensors, allow_nonfinite)
+        tokenizer = source_tokenizer(src, from_kind, model_config)  # travels with a .safetensors
+        if tokenizer is not None:
+            notes.append(carried_note(tokenizer, to_kind))
+        if verify and allow_nonfinite and nonfinite_counts(tensors):
+            raise ConvertError(
+                "--verify: the weights hold NaN or Inf, whose logits cannot be compared"
+            )
+        if to_kind == "onnx":
+            from transformer_rosetta.porting.onnx_file import export_problems
 
-        problems = export_problems(model_config, **_onnx_options(onnx))
-        if problems:
-            raise ConvertError("; ".join(problems))
-    # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
-    itemsize = np.dtype(DTYPES[dtype]).itemsize  # from the shapes: no tensor is looked at
-    nbytes = itemsize * sum(math.prod(shape) for shape in canonical_shapes(model_config).values())
-    check_free_space(_existing_folder(dst), nbytes, "DST")
-    say = progress or (lambda _message: None)
-    provenance = _provenance(src, from_kind)
-    provenance.notes = list(notes)
-    if verify is False:
-        provenance.verify = {"not_run": "--no-verify"}
-    elif allow_nonfinite and nonfinite_counts(tensors):
-        provenance.verify = {"not_run": "the weights hold NaN or Inf (--allow-nonfinite)"}
-    elif why_not:
-        provenance.verify = {"not_run": why_not}
-    verifying = not provenance.verify
-    if to_kind == "onnx":
-        say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
-    # Written, verified and stamped beside DST, then moved into place last: until then DST is as
-    # it was, whatever stops the work (a signal, an error, a verification that misses its bound).
-    with staged(dst) as stage:
-        write_destination(
-            stage,
+            problems = export_problems(model_config, **_onnx_options(onnx))
+            if problems:
+                raise ConvertError("; ".join(problems))
+        # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
+        itemsize = np.dtype(DTYPES[dtype]).itemsize  # from the shapes: no tensor is looked at
+        nbytes = itemsize * sum(
+            math.prod(shape) for shape in canonical_shapes(model_config).values()
+        )
+        check_free_space(_existing_folder(dst), nbytes, "DST")
+        say = progress or (lambda _message: None)
+        provenance = _provenance(src, from_kind)
+        provenance.notes = list(notes)
+        if verify is False:
+            provenance.verify = {"not_run": "--no-verify"}
+        elif allow_nonfinite and nonfinite_counts(tensors):
+            provenance.verify = {"not_run": "the weights hold NaN or Inf (--allow-nonfinite)"}
+        elif why_not:
+            provenance.verify = {"not_run": why_not}
+        verifying = not provenance.verify
+        if to_kind == "onnx":
+            say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
+        # Written, verified and stamped beside DST, then moved into place last: until then DST is as
+        # it was, whatever stops the work (a signal, an error, a verification that misses its bound).
+        with staged(dst) as stage:
+            write_destination(
+                stage,
+                to_kind,
+                model_config,
+                tensors,
+                producer=f"rosetta convert from {from_kind}",
+                onnx=_onnx_options(onnx),
+                # The shared format takes the tokenizer in the header it writes; the record
+                # follows once the source's digest is in (_stamp: in place, in the header room).
+                metadata=_carried(tokenizer) if to_kind == "rosetta" else None,
+                max_shard_size=max_shard_size,
+            )
+            if verifying:
+                say(
+                    f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes"
+                )
+                provenance.verify = run_verification(
+                    model_config, (from_kind, src), (to_kind, stage)
+                )
+            if not provenance.passed:
+                record = provenance.verify
+                kept = "left as it was" if dst.exists() else "not written"
+                raise VerificationFailed(
+                    f"verification failed: {difference_text(record)} "
+                    f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
+                    f"{shown(dst)} was {kept}"
+                )
+            provenance.source_sha256 = digest.result()
+            _stamp(stage, to_kind, provenance, tokenizer if to_kind != "rosetta" else None)
+            if max_shard_size is not None:  # a folder: the stale shards of an earlier split go too
+                publish_weights(stage, dst)
+            else:
+                publish(stage, dst)
+        return Converted(
+            str(src),
+            str(dst),
+            from_kind,
             to_kind,
             model_config,
-            tensors,
-            producer=f"rosetta convert from {from_kind}",
-            onnx=_onnx_options(onnx),
-            # The shared format takes the record (when no verification is to come) and the
-            # tokenizer in the header it writes, so no second pass rewrites the file for them.
-            metadata=_metadata(provenance, tokenizer, verifying) if to_kind == "rosetta" else None,
-            max_shard_size=max_shard_size,
+            len(tensors),
+            parameter_count(model_config),
+            dtype,
+            provenance,
+            tuple(notes),
         )
-        if verifying:
-            say(f"verifying: {shown(src)} and {shown(dst)} on {len(PROBE_SHAPES)} seeded probes")
-            provenance.verify = run_verification(model_config, (from_kind, src), (to_kind, stage))
-        if not provenance.passed:
-            record = provenance.verify
-            kept = "left as it was" if dst.exists() else "not written"
-            raise VerificationFailed(
-                f"verification failed: {difference_text(record)} "
-                f"exceeds the bound {record['bound']:.0e} ({' vs '.join(record['sides'])}); "
-                f"{shown(dst)} was {kept}"
-            )
-        if to_kind != "rosetta" or verifying:
-            _stamp(stage, to_kind, provenance, tokenizer if to_kind != "rosetta" else None)
-        if max_shard_size is not None:  # a folder: the stale shards of an earlier split go too
-            publish_weights(stage, dst)
-        else:
-            publish(stage, dst)
-    return Converted(
-        str(src),
-        str(dst),
-        from_kind,
-        to_kind,
-        model_config,
-        len(tensors),
-        parameter_count(model_config),
-        dtype,
-        provenance,
-        tuple(notes),
-    )
 
 
-def _metadata(
-    provenance: Provenance, tokenizer: Tokenizer | None, verifying: bool
-) -> dict[str, str]:
-    """What a .safetensors destination's header carries from the start: the source's tokenizer,
-    and the provenance record unless a verification will add its result (then _stamp does)."""
-    from transformer_rosetta.weights.format import META_PROVENANCE
+def _carried(tokenizer: Tokenizer | None) -> dict[str, str]:
+    """What a .safetensors destination's header carries from the start: the source's tokenizer
+    (the provenance record is stamped after the write, when the source's digest is in)."""
     from transformer_rosetta.weights.tokenizer import tokenizer_metadata
 
-    carried = tokenizer_metadata(tokenizer) if tokenizer is not None else {}
-    return carried if verifying else {META_PROVENANCE: provenance.to_json(), **carried}
+    return tokenizer_metadata(tokenizer) if tokenizer is not None else {}
 
 
 def _existing_folder(path: Path) -> Path:
@@ -613,10 +620,11 @@ def _why_not_verified(from_kind: str, to_kind: str, onnx: Mapping[str, Any] | No
 
 
 def _provenance(src: Path, from_kind: str) -> Provenance:
+    """The record, but for the source's digest (BackgroundDigest's, filled in after the write)."""
     return Provenance(
         source=str(src),
         source_kind=from_kind,
-        source_sha256=sha256_of(src),
+        source_sha256="",
         converter=f"transformer-rosetta {package_version('transformer-rosetta')} (rosetta convert)",
         versions={"numpy": np.__version__, "safetensors": package_version("safetensors")},
     )

@@ -19,7 +19,6 @@ verification, and say why.
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -125,14 +124,16 @@ def package_version(name: str) -> str:
         return "unknown"
 
 
-def sha256_of(path: Path) -> str:
+def sha256_of(path: Path, stop: threading.Event | None = None) -> str:
     """A file's sha256. A Hugging Face folder's is one digest over the files it is read from
     (hf_folder.digest_files: the weights, sharded or not, config.json and the small files beside
     them), each as its path in the folder, its size and its bytes, in order of path: a changed
     byte, a renamed file or one more file changes it. A sharded model given by its index is
     digested the same way, over the index and the shards it names (the folder's digest, when the
-    folder holds that model alone). Every file is read in chunks of 1 MiB, never whole."""
+    folder holds that model alone). Every file is read in chunks of 1 MiB into one buffer,
+    never whole; `stop`, once set, ends the reading at the next chunk (DigestCancelled)."""
     digest = hashlib.sha256()
+    buffer = memoryview(bytearray(1 << 20))
     folder = path
     if path.is_dir():
         files = digest_files(path)
@@ -145,10 +146,54 @@ def sha256_of(path: Path) -> str:
         if file != path or folder != path:  # a folder's file: its name and size first
             name = file.relative_to(folder).as_posix()
             digest.update(f"{name}\0{file.stat().st_size}\0".encode("utf-8", "surrogateescape"))
-        with open(file, "rb") as f:
-            for chunk in iter(functools.partial(f.read, 1 << 20), b""):
-                digest.update(chunk)
+        with open(file, "rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                if stop is not None and stop.is_set():
+                    raise DigestCancelled(str(file))
+                digest.update(buffer[:n])
     return digest.hexdigest()
+
+
+class DigestCancelled(Exception):
+    """sha256_of stopped by its caller before the end of the files."""
+
+
+class BackgroundDigest:
+    """sha256_of(path) computed in a thread while the caller goes on with its work: hashlib
+    and the reads release the GIL, so on a machine with a second core a conversion's provenance
+    record costs no time of its own (the hash of a multi-gigabyte source takes about as long as
+    copying it). Use it as a context manager: leaving the block (an error, an interrupt) stops
+    the reading at its next chunk, and the thread is a daemon, so it never holds up an exit."""
+
+    def __init__(self, path: Path) -> None:
+        self._stop = threading.Event()
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(path,), name="rosetta-sha256", daemon=True
+        )
+
+    def __enter__(self) -> BackgroundDigest:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+
+    def _run(self, path: Path) -> None:
+        try:
+            self._digest = sha256_of(path, self._stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._error = exc
+
+    def result(self) -> str:
+        """The digest, once the thread has read every file (what sha256_of would raise, raised
+        here)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._digest is not None
+        return self._digest
 
 
 def why_not_runnable(kind: str, graph: str | None = None) -> str | None:

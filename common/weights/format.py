@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import mmap
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.mapped import copy_view, map_file, write_at
 from transformer_rosetta.files.outputs import (
     CAUGHT_SIGNALS,
     WriteFailed,
@@ -496,7 +496,7 @@ def _map_data(part: _Part, label: str) -> np.ndarray:
                 raise WeightFileError(
                     label, [f"{shown(part.path.name)} changed while it was being read"]
                 )
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mapped = map_file(f.fileno(), part.path)
     except (OSError, ValueError) as exc:  # ValueError: a file that cannot be mapped
         reason = os_problem(exc) if isinstance(exc, OSError) else str(exc)
         raise WeightFileError(label, [f"cannot map {shown(part.path.name)} ({reason})"]) from None
@@ -666,19 +666,23 @@ def _write_file(
     tensors: Mapping[str, Any],
 ) -> None:
     """Write the header, then each tensor's bytes in `names` order, reading `tensors[name]` once
-    each and keeping none: a contiguous little-endian tensor goes to the file as it is, another
-    costs one copy of that tensor alone."""
-    with path.open("wb") as f:
-        f.write(head)
+    each and keeping none: a tensor that is a view of a mapped weight file is copied from that
+    file by the kernel (files/mapped.py), another contiguous little-endian tensor goes to the
+    file as it is, and any other costs one copy of that tensor alone."""
+    with path.open("wb", buffering=0) as f:  # raw writes at known offsets, no buffer between
+        offset = len(head)
+        write_at(f.fileno(), head, 0)
         for name in names:
-            f.write(_file_bytes(path, name, tensors[name], entries[name]))
+            a = _file_array(path, name, tensors[name], entries[name])
+            copy_view(a, f.fileno(), offset)
+            offset += a.nbytes
 
 
-def _file_bytes(
+def _file_array(
     path: Path, name: str, value: Any, entry: tuple[np.dtype, tuple[int, ...]]
-) -> memoryview:
-    """`value` as the file's bytes (uint8, C order, little-endian), once it is what the check
-    saw: a Mapping that computes its values must compute the same one twice."""
+) -> np.ndarray:
+    """`value` as an array whose bytes in C order are the file's (little-endian), once it is
+    what the check saw: a Mapping that computes its values must compute the same one twice."""
     a = value if isinstance(value, np.ndarray) else np.asarray(value)
     if (a.dtype, a.shape) != entry:
         raise WeightFileError(
@@ -688,10 +692,9 @@ def _file_bytes(
                 f"{a.dtype} {list(a.shape)}, was {entry[0]} {list(entry[1])}"
             ],
         )
-    a = np.ascontiguousarray(a)
     if not _LITTLE_ENDIAN:  # safetensors is little-endian: swap a big-endian machine's bytes
-        a = a.view(f"=u{a.dtype.itemsize}").astype(f"<u{a.dtype.itemsize}")
-    return a.reshape(-1).view(np.uint8).data
+        a = np.ascontiguousarray(a).view(f"=u{a.dtype.itemsize}").astype(f"<u{a.dtype.itemsize}")
+    return a
 
 
 def _save_sharded(
@@ -775,10 +778,38 @@ def nonfinite_counts(tensors: Mapping[str, np.ndarray]) -> dict[str, dict[str, i
     found = {}
     for name, t in tensors.items():
         a = np.asarray(t)
-        if np.isfinite(a).all():
+        if _all_finite(a):
             continue
         found[name] = {"nan": int(np.isnan(a).sum()), "inf": int(np.isinf(a).sum())}
     return found
+
+
+# Bits of a 16-bit float's exponent: all set, and the value is an Inf or a NaN.
+_EXPONENT_BITS = {np.dtype(np.float16): 0x7C00, DTYPES["bfloat16"]: 0x7F80}
+# Elements a 16-bit tensor is checked in at once: the temporaries stay a few MB.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """Whether `a` holds no NaN and no Inf, in one read that allocates nothing per element
+    where it can, since the check reads every weight of a model of any size. float32 and
+    float64: the sum of finite values is finite unless it overflows, and a NaN or an Inf
+    anywhere makes it NaN or Inf; a sum that is not finite is decided by the exact check. 16-bit
+    floats: their exponent bits, a chunk at a time."""
+    if a.dtype in (np.float32, np.float64):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.add.reduce(a, axis=None)):
+                return True
+        return bool(np.isfinite(a).all())
+    mask = _EXPONENT_BITS.get(a.dtype)
+    if mask is None:
+        return bool(np.isfinite(a).all())
+    bits = np.ascontiguousarray(a).reshape(-1).view(np.uint16)
+    for begin in range(0, bits.size, _CHUNK_ELEMENTS):
+        chunk = bits[begin : begin + _CHUNK_ELEMENTS]
+        if ((chunk & mask) == mask).any():
+            return False
+    return True
 
 
 def describe_nonfinite(found: Mapping[str, Mapping[str, int]], limit: int = 3) -> str:
