@@ -192,7 +192,9 @@ def annotate_tensor_parallel(model: Transformer) -> None:
 
 # How long the other processes wait for a lost one before JAX's coordination service stops them
 # with its error (JAX's default is 100 s): a run's steps take well under a second each, and a
-# lost process must not hold the others much longer than torch's ranks wait (60 s).
+# lost process must not hold the others much longer than torch's ranks wait (60 s). A survivor
+# in a collective stops sooner, at gloo's socket error (within a second; docs/DISTRIBUTED.md);
+# the heartbeat bounds the rest (a process lost outside any collective, as at the shutdown).
 HEARTBEAT_TIMEOUT_SECONDS = 60
 
 

@@ -26,6 +26,7 @@ from transformer_rosetta.app.cli.args import (
     refuse_absent_half,
     runtimes_arg,
 )
+from transformer_rosetta.app.distributed import check_processes, is_main_process, jax_processes
 from transformer_rosetta.app.parity import DEFAULT_LENGTHS
 from transformer_rosetta.app.resources import check_forward_fits
 from transformer_rosetta.files.outputs import check_output_folder
@@ -61,9 +62,11 @@ def run_parity_command(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         precision=args.precision,
-        progress=None if args.json else stderr_progress,
+        progress=None if args.json or not is_main_process() else stderr_progress,
         mesh=args.mesh,
     )
+    if not is_main_process():  # a JAX multi-process run: process 0 alone reports
+        return EXIT_OK if report.passed else EXIT_FAILURE
     plots: list[Path] = []
     if args.plot:
         from transformer_rosetta.app.plots import plot_attention
@@ -89,6 +92,15 @@ def check_parity_mesh(args: argparse.Namespace, config: TransformerConfig, batch
     if args.dtype not in ("float32", "float64"):
         raise UsageError(f"--dtype {args.dtype}: a mesh run computes in float32 or float64")
     check_mesh(args.mesh, config, batch=batch)
+    processes = jax_processes()  # a JAX multi-process run, where the environment names one
+    if processes is not None:
+        others = [name for name in args.frameworks if name not in ("jax", "numpy")]
+        if others:
+            raise UsageError(
+                f"JAX_NUM_PROCESSES={processes.count}: a multi-process parity run is jax's "
+                f"alone; name --frameworks jax, not {','.join(others)}"
+            )
+        check_processes("jax", args.mesh)
 
 
 # --src-len and --tgt-len when not given (a half of the family takes one of them).

@@ -28,6 +28,7 @@ from transformer_rosetta.app.cli.task_models import (
 )
 from transformer_rosetta.app.distributed import (
     check_mesh_framework,
+    check_processes,
     is_main_process,
     train_task_on_mesh,
 )
@@ -96,7 +97,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         losses = run_training(model, task, steps, args.seed, f"train {args.framework}")
     else:
         losses, weights = run_mesh_training(args, task, config, weights, steps, mesh)
-        if not main:  # under torchrun, rank 0 alone evaluates and writes
+        if not main:  # under torchrun or JAX's processes, process 0 alone evaluates and writes
             return EXIT_OK
         model = build(args.framework, config, weights, args.dtype, "auto")
     accuracy, _ = exact_match(model, task, task.test_pairs())
@@ -132,6 +133,7 @@ def training_mesh(
             "leave --device out with --data-parallel or --mesh"
         )
     check_mesh(mesh, config, batch=batch)
+    check_processes(args.framework, mesh)  # JAX_NUM_PROCESSES and the rest, where set
     return mesh
 
 
@@ -213,7 +215,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         help="train on N devices, each on 1/N of every batch, with the framework's own engine "
         "(torch: DDP, one process per device; jax: a jax.sharding mesh; tf: "
         "keras.distribution on Keras's JAX backend); the same as --mesh data=N. On a CPU the "
-        "devices are the cores (torch) or N host devices (jax, tf)",
+        "devices are the cores (torch) or N host devices (jax, tf). Across processes or hosts, "
+        "run the same command in each: under torchrun (torch), or with JAX_COORDINATOR_ADDRESS="
+        "host:port, JAX_NUM_PROCESSES=P and JAX_PROCESS_ID=i set (jax; N/P devices each)",
     )
     spread.add_argument(
         "--mesh",
@@ -222,7 +226,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         help="train on D x M devices: D data replicas, and the parameters sharded over M "
         "(torch: FSDP2; jax: heads and feed-forward split by sharding annotations; tf: "
         "keras.distribution.ModelParallel with a LayoutMap). The weights written are the "
-        "same shared format, loadable at any device count",
+        "same shared format, loadable at any device count. Processes: as --data-parallel",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="seed for the weights and the batches")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
