@@ -46,9 +46,10 @@ import torch
 from torch import Tensor, nn
 
 from transformer_rosetta.errors import WeightFileError
-from transformer_rosetta.files.mapped import write_at
+from transformer_rosetta.files.array_writes import write_array, write_at
 from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.files.safe_read import listing, os_problem, shown
+from transformer_rosetta.files.zip_records import Member, ZipLayoutError, set_crc32, stored_members
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import TensorSpec, canonical_specs, embedding_names
 from transformer_rosetta.weights.format import dtype_problems, weight_file_path
@@ -482,13 +483,18 @@ def write_native(
     float dtype; the caller has validated them), written atomically, bit-exact, with every key
     in the order model.state_dict() gives and a tied tensor stored once under all its keys.
 
-    No module is built and no tensor is held twice in memory: each state_dict tensor is a view
-    of the caller's array (which may be a read-only mapping of a file) when nn.Linear's layout is
-    that array's memory as it is, and otherwise (a kernel, stored transposed) a contiguous copy
-    written into an unnamed scratch file beside `path`, which torch.save then reads back from the
-    page cache. Contiguous rather than a transposed view (torch.save would keep its strides): the
-    file holds what model.state_dict() holds, contiguous tensors, which every torch tool reads
-    (safetensors.torch.save_file refuses non-contiguous ones, .view() may fail on them).
+    No module is built and no tensor is held twice in memory. torch.save lays the archive out
+    without the tensors' bytes (torch.serialization.skip_data): the pickle, and room for each
+    storage. Each tensor's bytes then go into its room straight from the caller's array (a
+    mapped file's pages, where they are nn.Linear's layout already; a kernel, stored
+    transposed, a block at a time through torch's copy_), and each member's
+    CRC-32 and the archive's serialization id are set as torch.save sets them: the file's bytes
+    are torch.save(dict(model.state_dict()))'s for a model holding `weights`. Contiguous, not
+    a transposed view (torch.save would keep its strides): the file holds what
+    model.state_dict() holds, contiguous tensors, which every torch tool reads
+    (safetensors.torch.save_file refuses non-contiguous ones, .view() may fail on them). A torch
+    without skip_data, or whose archive is laid out otherwise, gets _write_staged's file, the
+    same bytes.
     """
     specs = {spec.name: spec for spec in canonical_specs(config)}
     keys = _state_dict_keys(config)
@@ -496,53 +502,133 @@ def write_native(
     nbytes = {name: math.prod(spec.shape) * dtype.itemsize for name, spec in specs.items()}
 
     def write(tmp: str) -> None:
-        # The scratch file has no name (O_TMPFILE where the OS has it), so nothing is left behind
-        # whatever stops the write; its mapping holds the copies in the page cache, not in the
-        # process's own memory.
-        with tempfile.TemporaryFile(dir=os.path.dirname(tmp)) as scratch:
-            total = sum(nbytes.values())
-            scratch.truncate(total)  # sparse: only what is written takes disk
-            offset, natives = 0, {}
-            for name, spec in specs.items():
-                native = _native_view(spec, np.asarray(weights[name]))
-                if not native.flags.c_contiguous:  # staged in the scratch file, mapped below
-                    _stage_transposed(native, scratch.fileno(), offset)
-                    natives[name] = (offset, native.dtype, native.shape)
-                else:
-                    natives[name] = native
-                offset += nbytes[name]
-            staged = np.memmap(scratch, np.uint8, "r", 0, total)
-            tensors: dict[str, Tensor] = {}
-            for name, native in natives.items():
-                if isinstance(native, tuple):
-                    begin, dt, shape = native
-                    native = staged[begin : begin + nbytes[name]].view(dt).reshape(shape)
-                tensors[name] = _from_numpy(native)
-            state = {key: tensors[name] for key, name in keys.items()}
-            torch.save(state, tmp)
+        natives = {
+            name: _native_view(spec, np.asarray(weights[name])) for name, spec in specs.items()
+        }
+        if hasattr(torch.serialization, "skip_data"):
+            placeholders = {name: _placeholder(a) for name, a in natives.items()}
+            with torch.serialization.skip_data():
+                torch.save(_state(placeholders, keys), tmp)
+            try:
+                # the storages in the order torch.save numbers them: as the pickle meets them
+                _fill_storages(tmp, [natives[name] for name in dict.fromkeys(keys.values())])
+                return
+            except ZipLayoutError:
+                pass
+        _write_staged(tmp, natives, keys)
 
-    # the scratch copies (the kernels, at most every tensor) and the file itself
+    # the file, and where torch cannot lay it out first, the scratch copies of the kernels
     atomic_write(Path(path), write, 2 * sum(nbytes.values()))
 
 
-# The bytes of a transposed kernel staged at once: one buffer of this size, for a model of any size.
-_STAGING_BYTES = 32 << 20
+def _state(tensors: Mapping[str, Tensor], keys: Mapping[str, str]) -> dict[str, Tensor]:
+    """The state_dict: each key a tensor object of its own (detach: the same storage), as
+    model.state_dict() gives a tied Parameter under each of its keys, so the pickle is the
+    same: one storage, a tensor record per key."""
+    return {key: tensors[name].detach() for key, name in keys.items()}
 
 
-def _stage_transposed(native: np.ndarray, fd: int, offset: int) -> None:
-    """Write the 2-D view `native` (a transposed kernel) into `fd` at `offset` in C order, a
-    block of rows at a time through one small buffer: torch's copy_ transposes the block (tiled
-    and threaded, about twice numpy's speed), and pwrite puts it in the page cache, where
-    writing through a fresh writable mapping would fault page by page (which cost more than the
-    copy itself)."""
-    source = _from_numpy(native)
-    rows = max(1, _STAGING_BYTES // max(1, source[0].nbytes))
-    buffer = torch.empty((min(rows, source.shape[0]), source.shape[1]), dtype=source.dtype)
-    row_bytes = source.shape[1] * source.element_size()
-    for begin in range(0, source.shape[0], rows):
-        block = buffer[: min(rows, source.shape[0] - begin)]
-        block.copy_(source[begin : begin + rows])
-        write_at(fd, block.view(torch.uint8).numpy().data, offset + begin * row_bytes)
+def _placeholder(a: np.ndarray) -> Tensor:
+    """A contiguous tensor of `a`'s shape and dtype whose bytes torch.save(skip_data) never
+    reads: `a`'s own memory where it is contiguous, else an allocation never touched (address
+    space, no memory)."""
+    if a.flags.c_contiguous:
+        return _from_numpy(a)
+    return torch.empty(a.shape, dtype=_from_numpy(np.empty(0, a.dtype)).dtype)
+
+
+def _fill_storages(path: str, arrays: list[np.ndarray]) -> None:
+    """Put each array's bytes into its storage's room in the archive torch.save(skip_data)
+    laid out at `path`, and set the CRC-32s and the serialization id torch.save would have
+    written. ZipLayoutError, before any byte is written, where the layout is not the expected
+    one (a storage per array, in order, each of the array's size)."""
+    members = stored_members(path)
+    if not members:
+        raise ZipLayoutError("torch.save wrote an empty archive")
+    prefix = next(iter(members)).split("/", 1)[0]  # the archive's folder: the file's stem
+    rooms = [members.get(f"{prefix}/data/{k}") for k in range(len(arrays))]
+    stored = [name for name in members if name.startswith(f"{prefix}/data/")]
+    if len(stored) != len(arrays) or any(
+        room is None or room.size != a.nbytes for room, a in zip(rooms, arrays, strict=True)
+    ):
+        raise ZipLayoutError("torch.save laid the storages out otherwise")
+    crcs = {}
+    with open(path, "r+b", buffering=0) as f:
+        for room, a in zip(rooms, arrays, strict=True):
+            assert room is not None
+            crc = write_array(a, f.fileno(), room.offset, checksum=True, copy_block=_copy_block)
+            assert crc is not None
+            crcs[room.name] = crc
+        identity = members.get(f"{prefix}/.data/serialization_id")
+        if identity is not None:
+            crcs.update(_serialization_id(f.fileno(), members, identity, crcs))
+    set_crc32(path, crcs)
+
+
+def _copy_block(out: np.ndarray, block: np.ndarray) -> None:
+    """A strided block (rows of a transposed kernel) into the C-contiguous buffer `out`:
+    torch's copy_, tiled and on every thread torch has (about twice numpy's tiles here)."""
+    _from_numpy(out).copy_(_from_numpy(block))
+
+
+def _serialization_id(
+    fd: int, members: Mapping[str, Member], identity: Member, crcs: Mapping[str, int]
+) -> dict[str, int]:
+    """Rewrite the archive's serialization id as torch.save computes it once every member's
+    bytes are in: 20 digits of its own, then 20 of c10::hash_combine folded over the CRC-32 of
+    every member written before it (torch.save(skip_data) folded 0 for each storage). Its
+    member's new CRC-32."""
+    old = os.pread(fd, identity.size, identity.offset)
+    if len(old) != 40 or not old.isdigit():
+        raise ZipLayoutError("torch's serialization id is not 40 digits")
+    combined = 0
+    for name, member in members.items():
+        if name == identity.name:
+            break
+        crc = crcs.get(name)
+        if crc is None:  # a member torch.save wrote whole: its CRC-32 from its bytes
+            crc = zlib.crc32(os.pread(fd, member.size, member.offset))
+        combined = _hash_combine(combined, crc)
+    new = old[:20] + f"{combined:020d}".encode()
+    write_at(fd, new, identity.offset)
+    return {identity.name: zlib.crc32(new)}
+
+
+_U64 = (1 << 64) - 1
+
+
+def _hash_combine(seed: int, value: int) -> int:
+    """c10::hash_combine on 64-bit size_t (boost's): what torch.save folds the CRCs with."""
+    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & _U64) + (seed >> 2)) & _U64)) & _U64
+
+
+def _write_staged(tmp: str, natives: Mapping[str, np.ndarray], keys: Mapping[str, str]) -> None:
+    """write_native for a torch that cannot lay the archive out first: each kernel (not
+    contiguous) is copied into an unnamed scratch file beside `tmp`, whose pages torch.save then
+    reads; the scratch file has no name (O_TMPFILE where the OS has it), so nothing is left
+    behind whatever stops the write, and its mapping holds the copies in the page cache, not
+    in the process's own memory."""
+    with tempfile.TemporaryFile(dir=os.path.dirname(tmp)) as scratch:
+        total = sum(a.nbytes for a in natives.values())
+        scratch.truncate(total)  # sparse: only what is written takes disk
+        offset, places = 0, {}
+        for name, native in natives.items():
+            if not native.flags.c_contiguous:
+                write_array(native, scratch.fileno(), offset)
+                places[name] = offset
+            offset += native.nbytes
+        staged = np.memmap(scratch, np.uint8, "r", 0, total)
+        tensors: dict[str, Tensor] = {}
+        for name, native in natives.items():
+            if name in places:
+                begin = places[name]
+                view = (
+                    staged[begin : begin + native.nbytes].view(native.dtype).reshape(native.shape)
+                )
+            else:
+                view = native
+            tensors[name] = _from_numpy(view)
+        torch.save(_state(tensors, keys), tmp)
 
 
 def read_native(path: str | Path, config: TransformerConfig) -> dict[str, Tensor]:

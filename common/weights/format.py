@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import mmap
 import os
 import shutil
 import signal
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
-from transformer_rosetta.files.mapped import copy_view, map_file, write_at
+from transformer_rosetta.files.array_writes import write_array, write_at
 from transformer_rosetta.files.outputs import (
     CAUGHT_SIGNALS,
     WriteFailed,
@@ -496,7 +497,7 @@ def _map_data(part: _Part, label: str) -> np.ndarray:
                 raise WeightFileError(
                     label, [f"{shown(part.path.name)} changed while it was being read"]
                 )
-            mapped = map_file(f.fileno(), part.path)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as exc:  # ValueError: a file that cannot be mapped
         reason = os_problem(exc) if isinstance(exc, OSError) else str(exc)
         raise WeightFileError(label, [f"cannot map {shown(part.path.name)} ({reason})"]) from None
@@ -666,15 +667,14 @@ def _write_file(
     tensors: Mapping[str, Any],
 ) -> None:
     """Write the header, then each tensor's bytes in `names` order, reading `tensors[name]` once
-    each and keeping none: a tensor that is a view of a mapped weight file is copied from that
-    file by the kernel (files/mapped.py), another contiguous little-endian tensor goes to the
-    file as it is, and any other costs one copy of that tensor alone."""
+    each and keeping none: a contiguous little-endian tensor (a view of a mapped file's pages)
+    goes to the file as it is, a strided one a block at a time (files/array_writes.py)."""
     with path.open("wb", buffering=0) as f:  # raw writes at known offsets, no buffer between
         offset = len(head)
         write_at(f.fileno(), head, 0)
         for name in names:
             a = _file_array(path, name, tensors[name], entries[name])
-            copy_view(a, f.fileno(), offset)
+            write_array(a, f.fileno(), offset)
             offset += a.nbytes
 
 

@@ -272,3 +272,60 @@ def test_the_generator_refuses_an_existing_name(capsys, tmp_path):
         capsys, generate_model.main([str(tmp_path / "m.safetensors"), "--preset", "tiny"])
     )
     assert "exists" in err
+
+
+def test_the_speed_target_is_judged_on_the_slope_from_tiny():
+    """Rows made up by hand: a conversion whose fixed cost (the same command on tiny) is 0.5 s
+    and that moves 10^9 more bytes in 1.0 s more, against a cp that moves them in 0.5 s more:
+    marginal 10^9 B/s against cp's 2 x 10^9, so 0.5x, the target exactly; one second slower,
+    it moves them at half that, 0.25x, and misses. The raw and net figures are kept beside it."""
+
+    def row(op, size, nbytes, wall, **extra):
+        return {
+            "operation": op,
+            "size": size,
+            "status": "ok",
+            "bytes": nbytes,
+            "wall_s": wall,
+            "throughput_bytes_per_s": nbytes / wall,
+            **extra,
+        }
+
+    small, large = 100, 10**9 + 100
+    rows = [
+        row("cp", "tiny", small, 0.01),
+        row("cp", "big", large, 0.51),
+        row("to_sharded", "tiny", small, 0.5),
+        row("to_sharded", "big", large, 1.5, net_throughput_bytes_per_s=large / 1.2),
+        row("to_pt", "tiny", small, 0.5),
+        row("to_pt", "big", large, 2.5),
+    ]
+    bench_convert.add_speed(rows)
+    by = {(r["operation"], r["size"]): r for r in rows}
+    assert by["cp", "big"]["marginal_throughput_bytes_per_s"] == pytest.approx(2e9)
+    assert by["to_sharded", "big"]["marginal_throughput_vs_cp"] == pytest.approx(0.5)
+    assert by["to_sharded", "big"]["speed_target_met"] is True
+    assert by["to_sharded", "big"]["throughput_vs_cp"] == pytest.approx(0.51 / 1.5)
+    assert by["to_sharded", "big"]["net_throughput_vs_cp"] == pytest.approx(0.51 / 1.2)
+    assert by["to_pt", "big"]["marginal_throughput_vs_cp"] == pytest.approx(0.25)
+    assert by["to_pt", "big"]["speed_target_met"] is False
+    # tiny has no slope of its own: judged on its net figure, which it has none of here
+    assert "marginal_throughput_bytes_per_s" not in by["to_pt", "tiny"]
+    assert by["to_pt", "tiny"]["speed_target_met"] is None
+
+
+def test_a_repeated_command_reports_its_median_run():
+    """Three runs: the median wall's run, with the highest memory peaks of the three; a run
+    that failed stands for them all (its error is the row's)."""
+    run = bench_convert.Measured
+    runs = [
+        run(wall_s=3.0, peak_rss_anon=10, peak_rss=30, hwm_rss=31, returncode=0, samples=5),
+        run(wall_s=1.0, peak_rss_anon=50, peak_rss=60, hwm_rss=61, returncode=0, samples=2),
+        run(wall_s=2.0, peak_rss_anon=20, peak_rss=70, hwm_rss=40, returncode=0, samples=3),
+    ]
+    m = bench_convert.median_run(runs)
+    assert (m.wall_s, m.samples) == (2.0, 3)
+    assert (m.peak_rss_anon, m.peak_rss, m.hwm_rss) == (50, 70, 61)
+    assert bench_convert.median_run(runs[:2]).wall_s == 1.0  # an even count: the faster middle
+    failed = run(wall_s=0.5, peak_rss_anon=1, peak_rss=1, hwm_rss=1, returncode=2, samples=1)
+    assert bench_convert.median_run([*runs, failed]) is failed

@@ -10,6 +10,7 @@ How much memory a conversion takes is measured in benchmarks/, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -146,6 +147,57 @@ def test_torch_writer_streams_and_torch_reads_it(tmp_path, monkeypatch, config_i
     assert_read_only_views(got)
     kernel = "encoder.layers.0.feed_forward.intermediate.kernel"
     assert not got[kernel].flags.c_contiguous  # (in, out) of the stored (out, in): a view
+
+
+@pytest.mark.parametrize(("config_id", "dtype"), CASES)
+@pytest.mark.parametrize("how", ["laid out, then filled", "staged", "a layout it does not know"])
+def test_torch_writer_writes_torch_saves_own_bytes(tmp_path, monkeypatch, config_id, dtype, how):
+    """The file is byte for byte what torch.save writes for the model's state_dict tensors (in
+    a file of the same name: the archive's folder is the file's stem), and every zip member's
+    CRC-32 checks: whether torch lays the archive out and the writer fills each storage in place
+    (torch.serialization.skip_data), or a torch without skip_data gets the staged copies, or the
+    archive is laid out in a way the writer does not know (it falls back to the staged copies)."""
+    backend_or_skip("torch")
+    import zipfile
+
+    import torch
+
+    from transformer_rosetta.torch_impl import weights as torch_weights
+    from transformer_rosetta.torch_impl.model import Transformer
+    from transformer_rosetta.torch_impl.weights import TORCH_DTYPES, load_canonical
+
+    config = CONFIGS[config_id]
+    weights = weights_for(config, dtype)
+    # The reference: torch.save of a model's own state_dict, the weights loaded into it by
+    # load_canonical (not the writer's code), as a plain dict (state_dict's _metadata aside).
+    model = Transformer(config).to(TORCH_DTYPES[dtype])
+    load_canonical(model, weights)
+    (tmp_path / "reference").mkdir()
+    torch.save(dict(model.state_dict()), tmp_path / "reference" / FILE_NAMES["torch"])
+    want = (tmp_path / "reference" / FILE_NAMES["torch"]).read_bytes()
+
+    filled = []
+    real_fill = torch_weights._fill_storages
+    monkeypatch.setattr(
+        torch_weights, "_fill_storages", lambda *a: (filled.append(1), real_fill(*a))
+    )
+    if how == "staged":
+        monkeypatch.delattr(torch.serialization, "skip_data")
+    elif how == "a layout it does not know":
+        real_members = torch_weights.stored_members
+
+        def one_room_too_small(path):
+            members = real_members(path)
+            name = next(n for n in members if "/data/" in n)
+            members[name] = dataclasses.replace(members[name], size=members[name].size - 1)
+            return members
+
+        monkeypatch.setattr(torch_weights, "stored_members", one_room_too_small)
+    path = write_streamed(tmp_path, "torch", config, weights, monkeypatch)
+    assert bool(filled) == (how != "staged")
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None  # every member's bytes match its CRC-32
+    assert path.read_bytes() == want
 
 
 # -- Keras ---------------------------------------------------------------------------------------
