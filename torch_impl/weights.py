@@ -505,6 +505,8 @@ def write_native(
         natives = {
             name: _native_view(spec, np.asarray(weights[name])) for name, spec in specs.items()
         }
+        # idiom: torch.save takes the whole state_dict at once, so it lays the archive out and
+        # the bytes are filled in after; Keras's file (h5py) and Flax's (msgpack) stream as written
         if hasattr(torch.serialization, "skip_data"):
             placeholders = {name: _placeholder(a) for name, a in natives.items()}
             with torch.serialization.skip_data():
@@ -565,6 +567,7 @@ def _fill_storages(path: str, arrays: list[np.ndarray]) -> None:
     set_crc32(path, crcs)
 
 
+# idiom: only torch's kernels are stored transposed, so only its writer has a transposing copy
 def _copy_block(out: np.ndarray, block: np.ndarray) -> None:
     """A strided block (rows of a transposed kernel) into the C-contiguous buffer `out`:
     torch's copy_, tiled and on every thread torch has (about twice numpy's tiles here)."""

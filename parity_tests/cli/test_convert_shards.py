@@ -10,24 +10,12 @@ import os
 import pytest
 from safetensors import safe_open
 
+from parity_tests.cli.command_line import one_line_error, run
 from parity_tests.paths import VECTORS
-from transformer_rosetta.cli import main
 from transformer_rosetta.weights.format import load_weights, planned_files
 
 VECTOR = VECTORS / "pre_ln_untied.safetensors"  # 94 float64 tensors, 62,088 bytes
 INDEX = "model.safetensors.index.json"
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code: int, err: str, needle: str) -> None:
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("rosetta: error: "), err
-    assert needle in err, err
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from parity_tests.cli.command_line import one_line_error, run
 from transformer_rosetta.app.tasks import get_task
 from transformer_rosetta.app.trainer import initial_weights
-from transformer_rosetta.cli import main
 from transformer_rosetta.weights.format import load_weights
 
 # float64 training parity (docs/DESIGN.md, "Distribution"): a replica's sum over its rows, then
@@ -24,18 +24,6 @@ from transformer_rosetta.weights.format import load_weights
 # score), so every run's key biases are rounding noise around 0, about 5e-12 after 20 steps
 # (measured: the one-device run's own key biases are that far from 0), and they change no output.
 FLOAT64_TRAINING_BOUND = 1e-12
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code: int, err: str, needle: str) -> None:
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("rosetta: error: "), err
-    assert needle in err, err
 
 
 def test_data_parallel_training_writes_the_one_device_weights(capsys, tmp_path):

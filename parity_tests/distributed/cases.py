@@ -8,10 +8,13 @@ summation orders share (docs/DISTRIBUTED.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from parity_tests.grid import PAIRWISE_GRID
 from transformer_rosetta.spec.inputs import ragged_batch
+from transformer_rosetta.weights.init import init_weights
 
 CONFIG = PAIRWISE_GRID["post-gelu_tanh-sin-interleaved-shared-nobias"]
 STEPS, WARMUP, ROWS = 20, 10, 4
@@ -37,3 +40,32 @@ def max_diff(a, b) -> float:
 def weight_diff(found: dict, prefix: str, want: dict) -> float:
     """The largest gap of the weights a worker wrote as PREFIX:w:NAME from `want`'s."""
     return max(max_diff(found[f"{prefix}:w:{name}"], want[name]) for name in want)
+
+
+def write_worker_inputs(folder: Path, **paths: Path) -> dict:
+    """What an engine's worker reads, written to FOLDER/in.npz: the config, the step count and
+    warm-up, perturbed float64 weights, STEPS ragged global batches, a ragged forward batch, and
+    `paths` (a checkpoint each worker writes there). Returns the case: tmp (the folder), inputs,
+    weights, batches, fwd (src, tgt_in)."""
+    weights = init_weights(CONFIG, seed=0, scheme="perturbed", dtype="float64")
+    batches = [global_batch(seed) for seed in range(STEPS)]
+    fwd_src, fwd_tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=7, tgt_len=5, seed=1)
+    arrays = {
+        "config": np.array(CONFIG.to_json()),
+        "steps": np.array(STEPS),
+        "warmup": np.array(WARMUP),
+        "fwd_src": fwd_src,
+        "fwd_tgt_in": fwd_tgt_in,
+        **{name: np.array(str(path)) for name, path in paths.items()},
+        **{f"w:{k}": v for k, v in weights.items()},
+    }
+    for i, (src, tgt) in enumerate(batches):
+        arrays[f"src:{i}"], arrays[f"tgt:{i}"] = src, tgt
+    np.savez(folder / "in.npz", **arrays)
+    return {
+        "tmp": folder,
+        "inputs": folder / "in.npz",
+        "weights": weights,
+        "batches": batches,
+        "fwd": (fwd_src, fwd_tgt_in),
+    }

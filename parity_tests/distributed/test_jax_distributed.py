@@ -65,21 +65,17 @@ from parity_tests.distributed.cases import (
     CONFIG,
     F64_ATOL,
     ROWS,
-    STEPS,
     TRAP_MIN_GAP,
-    WARMUP,
-    global_batch,
     max_diff,
     weight_diff,
+    write_worker_inputs,
 )
 from parity_tests.paths import ROOT
 from transformer_rosetta.oracle import reference
-from transformer_rosetta.spec.inputs import ragged_batch
 from transformer_rosetta.spec.mesh import replica_rows, target_tokens
 from transformer_rosetta.spec.names import canonical_shapes
 from transformer_rosetta.spec.tolerances import atol_for
 from transformer_rosetta.weights.format import load_weights
-from transformer_rosetta.weights.init import init_weights
 
 LOSS_ATOL_F32 = 5e-6
 WEIGHT_ATOL_F32 = 3e-5
@@ -122,28 +118,7 @@ def case(tmp_path_factory):
     """The inputs, written for the workers."""
     backend_or_skip("jax")
     tmp = tmp_path_factory.mktemp("jax_mesh")
-    weights = init_weights(CONFIG, seed=0, scheme="perturbed", dtype="float64")
-    batches = [global_batch(seed) for seed in range(STEPS)]
-    fwd_src, fwd_tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=7, tgt_len=5, seed=1)
-    arrays = {
-        "config": np.array(CONFIG.to_json()),
-        "steps": np.array(STEPS),
-        "warmup": np.array(WARMUP),
-        "fwd_src": fwd_src,
-        "fwd_tgt_in": fwd_tgt_in,
-        "checkpoint": np.array(str(tmp / "model2.safetensors")),
-        **{f"w:{k}": v for k, v in weights.items()},
-    }
-    for i, (src, tgt) in enumerate(batches):
-        arrays[f"src:{i}"], arrays[f"tgt:{i}"] = src, tgt
-    np.savez(tmp / "in.npz", **arrays)
-    return {
-        "tmp": tmp,
-        "inputs": tmp / "in.npz",
-        "weights": weights,
-        "batches": batches,
-        "fwd": (fwd_src, fwd_tgt_in),
-    }
+    return write_worker_inputs(tmp, checkpoint=tmp / "model2.safetensors")
 
 
 def run_on_two_devices(mode: str, case: dict, out: Path) -> dict[str, np.ndarray]:

@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.cli.test_mesh import FLOAT64_TRAINING_BOUND, one_line_error, run
+from parity_tests.cli.command_line import one_line_error, run
+from parity_tests.cli.test_mesh import FLOAT64_TRAINING_BOUND
 from parity_tests.conftest import backend_or_skip
 from parity_tests.distributed.test_jax_distributed import free_port, worker_env
 from parity_tests.paths import ROOT

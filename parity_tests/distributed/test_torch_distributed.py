@@ -49,17 +49,16 @@ from parity_tests.distributed.cases import (
     CONFIG,
     F64_ATOL,
     ROWS,
-    STEPS,
     TRAP_MIN_GAP,
     WARMUP,
     global_batch,
     max_diff,
     weight_diff,
+    write_worker_inputs,
 )
 from parity_tests.paths import ROOT
 from transformer_rosetta.errors import InputError
 from transformer_rosetta.oracle import reference
-from transformer_rosetta.spec.inputs import ragged_batch
 from transformer_rosetta.spec.masks import shift_right
 from transformer_rosetta.spec.mesh import MeshShape, replica_rows, target_tokens
 from transformer_rosetta.spec.names import canonical_shapes
@@ -100,35 +99,18 @@ def case(tmp_path_factory):
     """The inputs, written for the workers, and the one-device runs every case is checked on."""
     backend = backend_or_skip("torch")
     tmp = tmp_path_factory.mktemp("torch_mesh")
-    weights = init_weights(CONFIG, seed=0, scheme="perturbed", dtype="float64")
-    batches = [global_batch(seed) for seed in range(STEPS)]
-    fwd_src, fwd_tgt_in = ragged_batch(CONFIG, batch=ROWS, src_len=7, tgt_len=5, seed=1)
-    arrays = {
-        "config": np.array(CONFIG.to_json()),
-        "steps": np.array(STEPS),
-        "warmup": np.array(WARMUP),
-        "fwd_src": fwd_src,
-        "fwd_tgt_in": fwd_tgt_in,
-        "checkpoint": np.array(str(tmp / "model2.safetensors")),
-        "failed_checkpoint": np.array(str(tmp / "failed.safetensors")),
-        **{f"w:{k}": v for k, v in weights.items()},
-    }
-    for i, (src, tgt) in enumerate(batches):
-        arrays[f"src:{i}"], arrays[f"tgt:{i}"] = src, tgt
-    np.savez(tmp / "in.npz", **arrays)
+    case = write_worker_inputs(
+        tmp,
+        checkpoint=tmp / "model2.safetensors",
+        failed_checkpoint=tmp / "failed.safetensors",
+    )
+    weights, batches = case["weights"], case["batches"]
     one_device = {}
     for dtype in ("float64", "float32"):
         model = backend.build(CONFIG, weights, dtype=dtype)
         losses = model.train_steps(batches, warmup=WARMUP)
         one_device[dtype] = (np.array(losses), model.export())
-    return {
-        "tmp": tmp,
-        "inputs": tmp / "in.npz",
-        "weights": weights,
-        "batches": batches,
-        "fwd": (fwd_src, fwd_tgt_in),
-        "one_device": one_device,
-    }
+    return {**case, "one_device": one_device}
 
 
 @pytest.fixture(scope="module")
@@ -138,17 +120,11 @@ def local(case):
     )
 
 
-def test_the_batches_put_different_token_counts_on_the_replicas(case):
-    for _, tgt in case["batches"]:
-        counts = [target_tokens(tgt[replica_rows(ROWS, 2, r)], CONFIG.pad_id) for r in range(2)]
-        assert counts[0] != counts[1], counts
-
-
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_data_parallel_equals_one_device(local, case, dtype):
-    prefix = "data64" if dtype == "float64" else "data32"
+def assert_trains_as_one_device(local: dict, case: dict, axis: str, dtype: str) -> None:
+    """The run on 2 ranks along `axis` ("data" or "model"): both ranks hold the same weights, to
+    the bit, and its losses and weights are the one-device run's within the bound of `dtype`."""
+    prefix = f"{axis}{dtype[-2:]}"  # data64, model32, ...
     want_losses, want = case["one_device"][dtype]
-    # DDP leaves every rank with the same weights, to the bit.
     for name in want:
         np.testing.assert_array_equal(
             local[f"rank0:{prefix}:w:{name}"], local[f"rank1:{prefix}:w:{name}"]
@@ -160,7 +136,19 @@ def test_data_parallel_equals_one_device(local, case, dtype):
     )
     assert loss_gap <= losses_atol, f"{dtype} losses off by {loss_gap:.3g}"
     assert weight_gap <= weights_atol, f"{dtype} weights off by {weight_gap:.3g}"
-    print(f"data=2 {dtype}: losses {loss_gap:.3g}, weights {weight_gap:.3g}")
+    print(f"{axis}=2 {dtype}: losses {loss_gap:.3g}, weights {weight_gap:.3g}")
+
+
+def test_the_batches_put_different_token_counts_on_the_replicas(case):
+    for _, tgt in case["batches"]:
+        counts = [target_tokens(tgt[replica_rows(ROWS, 2, r)], CONFIG.pad_id) for r in range(2)]
+        assert counts[0] != counts[1], counts
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_data_parallel_equals_one_device(local, case, dtype):
+    # DDP leaves every rank with the same weights, to the bit.
+    assert_trains_as_one_device(local, case, "data", dtype)
 
 
 def test_the_per_replica_mean_is_the_trap(local, case):
@@ -183,20 +171,8 @@ def test_sharded_training_equals_one_device(local, case, dtype):
     embedding one tensor: split into copies, each would be trained by one use's gradient instead
     of the sum of its three (source and target embedding, output projection), and the canonical
     tensor would move away from the one-device run's by far more than the bound."""
-    prefix = "model64" if dtype == "float64" else "model32"
-    want_losses, want = case["one_device"][dtype]
-    for name in want:  # every rank gathers the same whole weights
-        np.testing.assert_array_equal(
-            local[f"rank0:{prefix}:w:{name}"], local[f"rank1:{prefix}:w:{name}"]
-        )
-    loss_gap = max_diff(local[f"rank0:{prefix}:losses"], want_losses)
-    weight_gap = weight_diff(local, f"rank0:{prefix}", want)
-    losses_atol, weights_atol = (
-        (F64_ATOL, F64_ATOL) if dtype == "float64" else (LOSS_ATOL_F32, WEIGHT_ATOL_F32)
-    )
-    assert loss_gap <= losses_atol, f"{dtype} losses off by {loss_gap:.3g}"
-    assert weight_gap <= weights_atol, f"{dtype} weights off by {weight_gap:.3g}"
-    print(f"model=2 {dtype}: losses {loss_gap:.3g}, weights {weight_gap:.3g}")
+    # Every rank gathers the same whole weights.
+    assert_trains_as_one_device(local, case, "model", dtype)
 
 
 def test_the_parameters_really_are_sharded(local):
