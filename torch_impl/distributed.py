@@ -53,6 +53,7 @@ import atexit
 import contextlib
 import dataclasses
 import datetime
+import inspect
 import logging
 import multiprocessing
 import os
@@ -415,14 +416,25 @@ def _distribute(
     if mesh.model > 1:
         _shard(module, grid, mesh)
         return module
-    # No buffer sync before each forward: the only buffer is the sinusoid table, a function of
-    # the config, equal on every rank (DDP still broadcasts it once, at construction).
     return DistributedDataParallel(
         module,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=grid.get_group("data"),
-        forward_sync_buffers=False,
+        **no_forward_buffer_sync(DistributedDataParallel),
     )
+
+
+def no_forward_buffer_sync(ddp: type) -> dict[str, bool]:
+    """DDP's keyword that turns off the buffer broadcast before each forward: the only buffer is
+    the sinusoid table, a function of the config, equal on every rank.
+
+    torch 2.13 named it `forward_sync_buffers` and deprecated `broadcast_buffers`; older torch
+    (pyproject allows >= 2.4; the GPU image has 2.11) knows only `broadcast_buffers`, which also
+    skips the broadcast at construction, harmless for a buffer equal on every rank.
+    """
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def _batch(

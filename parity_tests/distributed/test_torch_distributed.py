@@ -36,6 +36,7 @@ Bounds (the figures measured on the CPU, gloo, 2 ranks):
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -322,3 +323,22 @@ def test_hsdp_on_a_two_by_two_mesh(case, tmp_path):
     )
     print(f"data=2 x model=2 float64: losses {loss_gap:.3g}, weights {weight_gap:.3g}")
     assert loss_gap <= F64_ATOL and weight_gap <= F64_ATOL
+
+
+def test_ddp_skips_the_forward_buffer_sync_under_either_torch_name():
+    """torch 2.13 calls it forward_sync_buffers; the GPU image's torch 2.11 knows only
+    broadcast_buffers (bench_scale's mesh engine failed there with a TypeError on the new name)."""
+
+    class Ddp213:
+        def __init__(self, module, broadcast_buffers=None, forward_sync_buffers=None): ...
+
+    class Ddp211:
+        def __init__(self, module, broadcast_buffers=True): ...
+
+    assert distributed.no_forward_buffer_sync(Ddp213) == {"forward_sync_buffers": False}
+    assert distributed.no_forward_buffer_sync(Ddp211) == {"broadcast_buffers": False}
+    # The torch installed here knows the keyword chosen for it.
+    from torch.nn.parallel import DistributedDataParallel
+
+    (key,) = distributed.no_forward_buffer_sync(DistributedDataParallel)
+    assert key in inspect.signature(DistributedDataParallel.__init__).parameters

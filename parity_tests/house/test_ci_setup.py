@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from parity_tests import conftest
+from parity_tests.paths import ROOT
 
 MISSING = "no_such_module_for_rosetta_tests"
 
@@ -59,3 +60,25 @@ def test_a_whole_run_reports_it_that_way(tmp_path, ci, want):
         cwd=conftest.__file__.rsplit("/parity_tests", 1)[0],
     )
     assert want in run.stdout, run.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        ({}, ["bogus"], "usage: bash .ci/gpu [tests] [keras] [parity] [bench]  (unknown: bogus)"),
+        ({"TIER_SECONDS": "8m"}, [], "TIER_SECONDS=8m: not a whole number of seconds"),
+    ],
+)
+def test_the_gpu_tier_refuses_bad_input_in_one_line_before_any_work(tmp_path, env, args, message):
+    """.ci/gpu checks its groups and its time budget before it installs, probes or runs anything
+    (nothing is written under OUT)."""
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu"), *args],
+        env={"PATH": "/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (2, "", message + "\n")
+    assert not out.exists()
