@@ -279,6 +279,7 @@ class FlaxBackend:
     dtypes = COMPUTE_DTYPES  # float32, float64 (in a scoped x64 mode), bfloat16
     modes = ("eager", "compiled")
     native_suffixes = (".msgpack",)
+    transposing_copy = None  # idiom: Flax stores the canonical layout: every view is contiguous
 
     def version(self) -> str:
         return f"jax {jax.__version__}, flax {flax.__version__}"

@@ -326,6 +326,7 @@ class KerasBackend:
     dtypes = COMPUTE_DTYPES
     modes = ("eager", "compiled")
     native_suffixes = (KERAS_SUFFIX,)
+    transposing_copy = None  # idiom: Keras stores the canonical layout: every view is contiguous
 
     def __init__(self, jit_compile: bool = False) -> None:  # idiom: tf.function's XLA switch
         self.jit_compile = jit_compile

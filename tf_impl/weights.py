@@ -179,6 +179,12 @@ def _layout_config(config: TransformerConfig) -> TransformerConfig:
 _Attrs = tuple[tuple[str, object], ...]
 
 
+# Layers per stack in the model Keras is asked about: layer 0 and layer 1 show every naming rule
+# (the first list item has the class's name, the k-th the name with "_k"), and a model's depth
+# would otherwise cost Keras about 0.07 s a layer to build and save.
+_ASKED_DEPTH = 2
+
+
 @functools.lru_cache(maxsize=8)
 def _keras_skeleton(
     config: TransformerConfig,
@@ -189,12 +195,73 @@ def _keras_skeleton(
     Keras addresses a variable by attribute path and index within its layer, with list items
     named after their class ("encoder_layer", "encoder_layer_1"), not by the variable's name, and
     gives each layer's "vars" group the layer's name as an attribute. Rather than restate those
-    rules, ask Keras: save a model of _layout_config(config) whose k-th canonical variable is
-    filled with the number k + 1 and read which dataset holds which number. A layer's name that
-    Keras numbers itself ("dropout_5") depends on how many layers the process made before; Keras
-    reads none of them back.
+    rules, ask Keras (_saved_layout) about a model of `config`'s structure at the smallest sizes
+    and at most _ASKED_DEPTH layers a stack; a deeper stack's layer k is its layer 1 renamed by
+    Keras's list rule ("_1" -> "_k"), its name attribute "1" -> "k" (_deeper_layers).
     """
-    model = new_model(_layout_config(config))
+    asked = config.replace(
+        num_encoder_layers=min(config.num_encoder_layers, _ASKED_DEPTH),
+        num_decoder_layers=min(config.num_decoder_layers, _ASKED_DEPTH),
+    )
+    groups, found = _saved_layout(_layout_config(asked))
+    all_groups = list(groups)
+    for stack in ("encoder", "decoder"):
+        depth = getattr(config, f"num_{stack}_layers")
+        if depth > _ASKED_DEPTH:
+            all_groups += _deeper_layers(stack, depth, groups, found)
+    paths = {}
+    for name in canonical_shapes(config):
+        stack, _, rest = name.partition(".layers.")
+        index, _, leaf = rest.partition(".")
+        if stack in ("encoder", "decoder") and index.isdigit() and int(index) >= _ASKED_DEPTH:
+            one = _layer_group(stack, found)
+            paths[name] = _renumbered(one, found[f"{stack}.layers.1.{leaf}"], int(index))
+        else:
+            paths[name] = found[name]
+    return tuple(all_groups), {path: name for name, path in paths.items()}
+
+
+def _layer_group(stack: str, found: Mapping[str, str]) -> str:
+    """The group of `stack`'s layer 1 ("encoder/layers/encoder_layer_1"), read off where Keras
+    put a tensor of layer 0 and the same tensor of layer 1."""
+    leaf = next(n for n in found if n.startswith(f"{stack}.layers.1.")).split(".", 3)[3]
+    zero = found[f"{stack}.layers.0.{leaf}"].split("/")
+    one = found[f"{stack}.layers.1.{leaf}"].split("/")
+    at = next(i for i, (a, b) in enumerate(zip(zero, one, strict=True)) if a != b)
+    if one[at] != f"{zero[at]}_1":  # Keras's list rule, which the deeper layers rely on
+        raise AssertionError(f"Keras named layer 1 {one[at]!r} beside {zero[at]!r}")
+    return "/".join(one[: at + 1])
+
+
+def _renumbered(one: str, path: str, k: int) -> str:
+    """`path` under layer 1's group `one`, moved under layer k's."""
+    return one.removesuffix("_1") + f"_{k}" + path[len(one) :]
+
+
+def _deeper_layers(
+    stack: str, depth: int, groups: tuple[tuple[str, _Attrs], ...], found: Mapping[str, str]
+) -> list[tuple[str, _Attrs]]:
+    """The groups of `stack`'s layers _ASKED_DEPTH .. depth - 1: layer 1's, renumbered."""
+    one = _layer_group(stack, found)
+    layer_one = [(p, a) for p, a in groups if p == one or p.startswith(f"{one}/")]
+    out = []
+    for k in range(_ASKED_DEPTH, depth):
+        for path, attrs in layer_one:
+            if path == f"{one}/vars":  # the layer's own name, its index in the stack
+                attrs = tuple((key, str(k) if value == "1" else value) for key, value in attrs)
+            out.append((_renumbered(one, path, k), attrs))
+    return out
+
+
+def _saved_layout(
+    config: TransformerConfig,
+) -> tuple[tuple[tuple[str, _Attrs], ...], dict[str, str]]:
+    """(the groups of the file model.save_weights writes for a model of `config`, with their
+    attributes; {canonical name: dataset path}): the model's k-th canonical variable is filled
+    with the number k + 1, and the file read for which dataset holds which number. A layer's
+    name that Keras numbers itself ("dropout_5") depends on how many layers the process made
+    before; Keras reads none of them back."""
+    model = new_model(config)
     variables = variables_by_name(model)
     for k, variable in enumerate(variables.values()):
         variable.assign(np.full(variable.shape, k + 1, np.float32))  # exact up to 2**24
@@ -218,7 +285,7 @@ def _keras_skeleton(
             for ds_path, ds in datasets.items():
                 found[names[int(ds[(0,) * ds.ndim]) - 1]] = ds_path
     assert set(found) == set(names), f"not saved by Keras: {set(names) - set(found)}"
-    return tuple(groups), {found[name]: name for name in names}
+    return tuple(groups), found
 
 
 # idiom: Keras's .weights.h5 addresses datasets by attribute path, which Keras alone knows

@@ -33,6 +33,7 @@ from transformer_rosetta.torch_impl.weights import (
     load_canonical,
     read_native,
     read_state_dict,
+    transposing_copy,
     write_native,
 )
 from transformer_rosetta.weights.format import check_tensors
@@ -234,6 +235,8 @@ class TorchBackend:
     dtypes = ("float32", "float64", "bfloat16")
     modes = ("eager",)
     native_suffixes = (".pt", ".bin")
+    # idiom: torch stores kernels (out, in), so load_native's kernels are transposed views
+    transposing_copy = staticmethod(transposing_copy)
 
     def version(self) -> str:
         return f"torch {torch.__version__}"

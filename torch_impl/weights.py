@@ -558,7 +558,9 @@ def _fill_storages(path: str, arrays: list[np.ndarray]) -> None:
     with open(path, "r+b", buffering=0) as f:
         for room, a in zip(rooms, arrays, strict=True):
             assert room is not None
-            crc = write_array(a, f.fileno(), room.offset, checksum=True, copy_block=_copy_block)
+            crc = write_array(
+                a, f.fileno(), room.offset, checksum=True, copy_block=transposing_copy
+            )
             assert crc is not None
             crcs[room.name] = crc
         identity = members.get(f"{prefix}/.data/serialization_id")
@@ -568,7 +570,7 @@ def _fill_storages(path: str, arrays: list[np.ndarray]) -> None:
 
 
 # idiom: only torch's kernels are stored transposed, so only its writer has a transposing copy
-def _copy_block(out: np.ndarray, block: np.ndarray) -> None:
+def transposing_copy(out: np.ndarray, block: np.ndarray) -> None:
     """A strided block (rows of a transposed kernel) into the C-contiguous buffer `out`:
     torch's copy_, tiled and on every thread torch has (about twice numpy's tiles here)."""
     _from_numpy(out).copy_(_from_numpy(block))

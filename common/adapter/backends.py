@@ -21,6 +21,7 @@ import numpy as np
 
 from transformer_rosetta.decoding.search import Stepper
 from transformer_rosetta.errors import BackendUnavailable
+from transformer_rosetta.files.array_writes import CopyBlock
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.mesh import MeshShape
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION, check_precision
@@ -163,6 +164,9 @@ class NativeCheckpoints(Protocol):
     """
 
     native_suffixes: tuple[str, ...]  # file name endings of the native checkpoint, e.g. (".pt",)
+    # The copy that puts a block of load_native's transposed views into C order (a torch
+    # kernel's), where the framework's beats numpy's tiles; None where every view is contiguous.
+    transposing_copy: CopyBlock | None
 
     def save_native(
         self, path: str | Path, config: TransformerConfig, weights: Mapping[str, np.ndarray]

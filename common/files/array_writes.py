@@ -19,10 +19,13 @@ import math
 import os
 import threading
 import zlib
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+
+# out, block: a strided 2-D block copied into the C-contiguous buffer of its shape.
+CopyBlock = Callable[[np.ndarray, np.ndarray], None]
 
 # One pwrite writes at most this much: the kernel caps a call near 2 GiB anyway.
 _CHUNK = 1 << 30
@@ -45,43 +48,90 @@ def write_array(
     offset: int,
     *,
     checksum: bool = False,
-    copy_block: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    copy_block: CopyBlock | None = None,
 ) -> int | None:
     """Write `a`'s bytes (C order, as they are in memory) into `fd` at `offset`. With
     `checksum`, the CRC-32 of those bytes (zlib's, what a zip member carries), else None.
     `copy_block(out, block)` copies a strided block into a C-contiguous buffer (a framework's
     own transposing copy); numpy's, a tile at a time, by default."""
+    crc = 0 if checksum else None
+    for data, at in _c_order_pieces(a, offset, copy_block):
+        crc = _write_summed(fd, data, at, crc)
+    return crc
+
+
+def write_arrays(
+    fd: int, placed: Iterable[tuple[np.ndarray, int]], *, copy_block: CopyBlock | None = None
+) -> None:
+    """write_array for each (array, offset) in turn, where a second core puts the next strided
+    block into C order while this one's bytes are written (pwrite lets go of the GIL)."""
+    writer = _writer()
+    pending: Future[None] | None = None
+    try:
+        for a, offset in placed:
+            for data, at in _c_order_pieces(a, offset, copy_block):
+                if writer is None:
+                    write_at(fd, data, at)
+                    continue
+                if pending is not None:
+                    pending.result()  # one write at a time: the next block's buffer is free
+                pending = writer.submit(write_at, fd, data, at)
+    finally:
+        if pending is not None:
+            pending.result()
+
+
+def _c_order_pieces(
+    a: np.ndarray, offset: int, copy_block: CopyBlock | None
+) -> Iterator[tuple[memoryview, int]]:
+    """`a`'s bytes in C order as (bytes, file offset) pieces: a contiguous array whole, from its
+    own memory (a mapped file's pages); a strided view (a transposed kernel of a torch
+    checkpoint) a block of its leading rows at a time, rather than a contiguous copy of the whole
+    tensor, each block in the next of two buffers in turn. So the caller may still be writing one
+    piece while it asks for the next, never two."""
     if a.flags.c_contiguous or a.ndim == 0:
-        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        write_at(fd, data.data, offset)
-        return zlib.crc32(data.data) if checksum else None
-    # A strided view (a transposed kernel of a torch checkpoint): a block of its leading rows at
-    # a time through one buffer, rather than a contiguous copy of the whole tensor.
+        yield np.ascontiguousarray(a).reshape(-1).view(np.uint8).data, offset
+        return
     flat = a.reshape(a.shape[0], -1)  # a view where the trailing axes merge (a kernel's heads do)
     rows = max(1, _BLOCK_BYTES // max(1, flat[0].nbytes))
     shape = (min(rows, flat.shape[0]), flat.shape[1])
-    buffer = _block_buffer(math.prod(shape) * a.dtype.itemsize).view(a.dtype).reshape(shape)
-    crc = 0
     for begin in range(0, flat.shape[0], rows):
+        buffer = _block_buffer(math.prod(shape) * a.dtype.itemsize).view(a.dtype).reshape(shape)
         block = buffer[: min(rows, flat.shape[0] - begin)]
         (copy_block or _copy_tiled)(block, flat[begin : begin + rows])
-        data = block.reshape(-1).view(np.uint8)
-        write_at(fd, data.data, offset + begin * flat[0].nbytes)
-        if checksum:
-            crc = zlib.crc32(data.data, crc)
-    return crc if checksum else None
+        yield block.reshape(-1).view(np.uint8).data, offset + begin * flat[0].nbytes
+
+
+def _write_summed(fd: int, data: memoryview, offset: int, crc: int | None) -> int | None:
+    """write_at, and with a running `crc` (not None) the CRC-32 continued over `data`, summed on
+    another core while this one writes (zlib and pwrite both let go of the GIL): 0.2 s of an
+    857 MB .pt's 1.0 s when done one after the other."""
+    if crc is None:
+        write_at(fd, data, offset)
+        return None
+    workers = _workers()
+    if workers is None:
+        write_at(fd, data, offset)
+        return zlib.crc32(data, crc)
+    summed = workers.submit(zlib.crc32, data, crc)
+    write_at(fd, data, offset)
+    return summed.result()
 
 
 _BUFFERS = threading.local()
 
 
 def _block_buffer(nbytes: int) -> np.ndarray:
-    """A buffer of `nbytes` for write_array's blocks, the same one call after call (per thread):
-    a fresh one each time would be fresh pages each time, and on a virtual machine that hands
-    freed memory back to its host, each first touch of a page costs several times a copy."""
-    kept = getattr(_BUFFERS, "buffer", None)
+    """A buffer of `nbytes` for a strided array's blocks: two kept buffers (per thread) in turn,
+    so that one can be written while the other is filled. Fresh buffers each time would be fresh
+    pages each time, and on a virtual machine that hands freed memory back to its host, each
+    first touch of a page costs several times a copy."""
+    turn = getattr(_BUFFERS, "turn", 0)
+    _BUFFERS.turn = 1 - turn
+    kept = getattr(_BUFFERS, f"buffer{turn}", None)
     if kept is None or kept.nbytes < nbytes:
-        kept = _BUFFERS.buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+        kept = np.empty(max(nbytes, 1), dtype=np.uint8)
+        setattr(_BUFFERS, f"buffer{turn}", kept)
     return kept[:nbytes]
 
 
@@ -106,6 +156,14 @@ def _copy_tiles(out: np.ndarray, a: np.ndarray) -> None:
 
 
 _POOL: list[ThreadPoolExecutor] = []
+_WRITER: list[ThreadPoolExecutor] = []
+
+
+def _writer() -> ThreadPoolExecutor | None:
+    """The one thread write_arrays writes from, made once; None on one core."""
+    if not _WRITER and _workers() is not None:
+        _WRITER.append(ThreadPoolExecutor(1, thread_name_prefix="rosetta-write"))
+    return _WRITER[0] if _WRITER else None
 
 
 def _workers() -> ThreadPoolExecutor | None:

@@ -361,11 +361,13 @@ def write_destination(
     *,
     metadata: Mapping[str, str] | None = None,
     max_shard_size: int | None = None,
+    source_kind: str | None = None,
 ) -> None:
     """Write `tensors` as `kind`, each read from `tensors` as the writer streams it (never all
     at once; docs/PORTING.md, "Memory"). `onnx` holds write_onnx's graph options; `metadata`
     (the provenance record, a tokenizer) and `max_shard_size` (a folder of shards) are the
-    shared format's."""
+    shared format's. `source_kind`, the kind `tensors` were read from: a native checkpoint's
+    framework puts its own transposed views into C order (a torch kernel's, 2.6x numpy's tiles)."""
     if kind == "rosetta":
         save_weights(
             path,
@@ -374,6 +376,11 @@ def write_destination(
             producer=producer,
             metadata=metadata,
             max_shard_size=max_shard_size,
+            copy_block=(
+                native_backend(source_kind).transposing_copy
+                if source_kind in NATIVE_KINDS
+                else None
+            ),
         )
     elif kind in NATIVE_KINDS:
         native_backend(kind).save_native(path, config, tensors)
@@ -535,6 +542,7 @@ def convert(
                 # follows once the source's digest is in (_stamp: in place, in the header room).
                 metadata=_carried(tokenizer) if to_kind == "rosetta" else None,
                 max_shard_size=max_shard_size,
+                source_kind=from_kind,
             )
             if verifying:
                 say(

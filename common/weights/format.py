@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
-from transformer_rosetta.files.array_writes import write_array, write_at
+from transformer_rosetta.files.array_writes import CopyBlock, write_arrays, write_at
 from transformer_rosetta.files.outputs import (
     CAUGHT_SIGNALS,
     WriteFailed,
@@ -565,6 +565,7 @@ def save_weights(
     task: str | None = None,
     max_shard_size: int | None = None,
     metadata: Mapping[str, str] | None = None,
+    copy_block: CopyBlock | None = None,
 ) -> None:
     """Validate `tensors` against `config`, then stream them into `path` atomically, one by
     one: each value is read twice (once for its dtype and shape, once to write its bytes) and
@@ -578,19 +579,23 @@ def save_weights(
     `max_shard_size` (bytes) writes a folder at `path` in Hugging Face's sharded layout instead
     (weights/shards.py): staged beside it and moved into place whole, every shard carrying the
     same metadata. A caller that writes into an existing folder checks shards.replaced_files
-    first: the layout's files already there are replaced or removed."""
+    first: the layout's files already there are replaced or removed. `copy_block` puts a
+    strided tensor (a transposed view) into C order a block at a time (files/array_writes.py);
+    the source's framework may have a faster one than numpy's tiles."""
     path = Path(path)
     entries = _checked_entries(path, config, tensors)
     header_metadata = _metadata(path, config, producer, task, metadata)
     if max_shard_size is not None:
-        _save_sharded(path, tensors, entries, header_metadata, max_shard_size)
+        _save_sharded(path, tensors, entries, header_metadata, max_shard_size, copy_block)
         return
     if not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise WeightFileError(str(path), [f"folder {path.parent} does not exist"])
     names = sorted(entries)  # safetensors' order: a file holds one dtype, so by name
     head = _header_bytes(names, entries, header_metadata, HEADER_ROOM)
     size = len(head) + sum(_nbytes(*entries[name]) for name in names)
-    atomic_write(path, lambda tmp: _write_file(Path(tmp), head, names, entries, tensors), size)
+    atomic_write(
+        path, lambda tmp: _write_file(Path(tmp), head, names, entries, tensors, copy_block), size
+    )
 
 
 def _metadata(
@@ -665,17 +670,22 @@ def _write_file(
     names: Sequence[str],
     entries: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
     tensors: Mapping[str, Any],
+    copy_block: CopyBlock | None = None,
 ) -> None:
     """Write the header, then each tensor's bytes in `names` order, reading `tensors[name]` once
     each and keeping none: a contiguous little-endian tensor (a view of a mapped file's pages)
     goes to the file as it is, a strided one a block at a time (files/array_writes.py)."""
-    with path.open("wb", buffering=0) as f:  # raw writes at known offsets, no buffer between
+
+    def placed() -> Iterator[tuple[np.ndarray, int]]:
         offset = len(head)
-        write_at(f.fileno(), head, 0)
         for name in names:
             a = _file_array(path, name, tensors[name], entries[name])
-            write_array(a, f.fileno(), offset)
+            yield a, offset
             offset += a.nbytes
+
+    with path.open("wb", buffering=0) as f:  # raw writes at known offsets, no buffer between
+        write_at(f.fileno(), head, 0)
+        write_arrays(f.fileno(), placed(), copy_block=copy_block)
 
 
 def _file_array(
@@ -703,6 +713,7 @@ def _save_sharded(
     entries: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
     metadata: Mapping[str, str],
     max_shard_size: int,
+    copy_block: CopyBlock | None = None,
 ) -> None:
     """save_weights into a folder of shards (weights/shards.py), staged beside `folder` and
     published whole: a failure or a signal leaves `folder` as it was."""
@@ -715,7 +726,7 @@ def _save_sharded(
         try:
             stage.mkdir()
             for file, group, head in zip(files, groups, heads, strict=True):
-                _write_file(stage / file, head, sorted(group), entries, tensors)
+                _write_file(stage / file, head, sorted(group), entries, tensors, copy_block)
             if len(groups) > 1:
                 weight_map = {
                     name: file for file, group in zip(files, groups, strict=True) for name in group

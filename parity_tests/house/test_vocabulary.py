@@ -67,6 +67,8 @@ ONLY_IN: dict[tuple[str, str], str] = {
     ("torch_impl", "weights.state_dict_from_canonical"): TORCH_STATE_DICT,
     ("torch_impl", "weights.canonical_from_state_dict"): TORCH_STATE_DICT,
     ("torch_impl", "weights.TORCH_DTYPES"): "dtype names to torch dtypes",
+    ("torch_impl", "weights.transposing_copy"): "only torch stores kernels transposed, so only "
+    "its views need a transposing copy (torch's copy_, faster than numpy's tiles)",
     ("torch_impl", "weights.read_state_dict"): "torch checkpoints are pickles: read with "
     "weights_only, also for other models' checkpoints (common/porting)",
     ("tf_impl", "weights.LEAF_RENAMES"): "Keras's leaf names (gamma, beta, embeddings) to ours",

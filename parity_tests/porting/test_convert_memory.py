@@ -153,6 +153,38 @@ def test_verify_frees_the_source_model_before_it_builds_the_destinations(tmp_pat
     assert alive_when_destination_built == [False]
 
 
+@pytest.mark.parametrize("max_shard_size", [None, 4096], ids=["one-file", "shards"])
+def test_a_torch_source_s_kernels_go_into_c_order_by_torch_s_copy(
+    tmp_path, monkeypatch, max_shard_size
+):
+    """.pt -> the shared format: a torch kernel is read as a transposed view of its (out, in)
+    storage, and the writer puts it into the file's C order with the source framework's own
+    copy (TorchBackend.transposing_copy), each kernel block by block, with the bytes of the
+    source exactly."""
+    backend_or_skip("torch")
+    config = load_weights(VECTOR).config
+    native = tmp_path / "model.pt"
+    convert(VECTOR, native, verify=False, config=config)
+    torch_backend = type(convert_module.native_backend("torch"))
+    real_copy = torch_backend.transposing_copy
+    shapes: list[tuple[int, ...]] = []
+
+    def counted(out, block):
+        shapes.append(block.shape)
+        real_copy(out, block)
+
+    monkeypatch.setattr(torch_backend, "transposing_copy", staticmethod(counted))
+    back = tmp_path / "back.safetensors"
+    convert(native, back, verify=False, config=config, max_shard_size=max_shard_size)
+    views = convert_module.native_backend("torch").load_native(native, config)
+    transposed = [n for n, a in views.items() if not a.flags.c_contiguous]
+    assert len(transposed) >= 4 * (config.num_encoder_layers + config.num_decoder_layers)
+    assert len(shapes) == len(transposed)  # each in one block: a small model's are small
+    got, want = load_weights(back).tensors, load_weights(VECTOR).tensors
+    assert list(got) == list(want)
+    assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+
+
 def test_a_signal_during_the_collection_between_the_sides_still_stops_the_command():
     """The collection that frees the source's model runs gc callbacks (JAX registers one); a
     signal that lands in one is acted on once the collection is over, not lost inside it."""

@@ -77,6 +77,33 @@ def test_a_strided_tensor_is_written_in_tiled_blocks(tmp_path, monkeypatch, dtyp
     assert len(calls) > 1  # several blocks of at most _BLOCK_BYTES
 
 
+def test_writes_of_many_arrays_overlap_and_keep_every_byte(tmp_path, monkeypatch):
+    """write_arrays writes a block while the next strided one is copied into the other of two
+    buffers. Each write is slowed down here, so that a buffer filled again before its write
+    ended would show in the bytes; blocks of three rows, so each kernel is several blocks."""
+    monkeypatch.setattr(array_writes, "_TILE", 4)
+    real_write = array_writes.write_at
+
+    def slow_write(fd, data, offset):
+        threading.Event().wait(0.002)
+        real_write(fd, data, offset)
+
+    monkeypatch.setattr(array_writes, "write_at", slow_write)
+    rng = np.random.default_rng(2)
+    storages = [rng.standard_normal((8 * k, 10)).astype(np.float32) for k in (1, 2, 3)]
+    arrays = [storages[0].T, rng.standard_normal(17).astype(np.float32), storages[1].T]
+    arrays += [storages[2].T, storages[2].T.reshape(10, 4, 6)]
+    monkeypatch.setattr(array_writes, "_BLOCK_BYTES", 3 * arrays[0][0].nbytes)
+    placed, offset = [], 0
+    for a in arrays:
+        placed.append((a, offset))
+        offset += a.nbytes
+    path = tmp_path / "out.bin"
+    with open(path, "wb", buffering=0) as f:
+        array_writes.write_arrays(f.fileno(), iter(placed))
+    assert path.read_bytes() == b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+
+
 def test_the_finite_check_decides_exactly(monkeypatch):
     monkeypatch.setattr(fmt, "_CHUNK_ELEMENTS", 7)  # 16-bit floats: many chunks, a partial one
     for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):

@@ -271,15 +271,51 @@ def test_keras_reader_reads_a_dataset_stored_in_chunks(tmp_path):
     assert not got["output.kernel"].flags.owndata
 
 
-def test_keras_layout_of_the_smallest_model_is_the_full_models(tmp_path):
-    """native_layout asks Keras about a model of the same structure at the smallest sizes. The
-    file Keras writes for the model itself, its k-th variable filled with k + 1, holds each
-    number in the dataset that the layout names for that variable."""
+def keras_groups(path: Path) -> set[tuple[str, tuple]]:
+    """Every group of a Keras file with its attributes, less the names Keras numbers itself
+    ("dropout_17": how many layers the process made before; Keras reads none back)."""
+    import h5py
+
+    out = set()
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda p, item: (
+                out.add((p, tuple(item.attrs.items())))
+                if isinstance(item, h5py.Group)
+                and not re.fullmatch(r"dropout(_\d+)?", str(item.attrs.get("name")))
+                else None
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    "depths",
+    [None, (3, 5), (0, 4), (12, 1)],
+    ids=["as-is", "3-5-layers", "decoder-only-4", "encoder-12"],
+)
+def test_keras_layout_of_the_smallest_model_is_the_full_models(tmp_path, depths):
+    """native_layout asks Keras about a model of the same structure at the smallest sizes and at
+    most two layers a stack, and renumbers layer 1 for the deeper ones. The file Keras writes for
+    the model itself, its k-th variable filled with k + 1, holds each number in the dataset that
+    the layout names for that variable, and has the same groups with the same attributes as the
+    file write_native lays out."""
     backend_or_skip("tf")
     from transformer_rosetta.files.hdf5 import hdf5_datasets
     from transformer_rosetta.tf_impl import weights as tf_weights
 
-    for config in (*CONFIGS.values(), variant("pre", "gelu", "learned", "shared", True)):
+    configs = [*CONFIGS.values(), variant("pre", "gelu", "learned", "shared", True)]
+    if depths is not None:
+        encoder, decoder = depths
+        configs = [
+            c.replace(
+                num_encoder_layers=encoder,
+                num_decoder_layers=decoder,
+                share_embeddings=c.share_embeddings and encoder > 0,
+            )
+            for c in configs
+        ]
+    for config in configs:
         model = tf_weights.new_model(config)
         names = list(tf_weights.variables_by_name(model))
         for k, variable in enumerate(tf_weights.variables_by_name(model).values()):
@@ -289,6 +325,9 @@ def test_keras_layout_of_the_smallest_model_is_the_full_models(tmp_path):
         with hdf5_datasets(path) as datasets:
             held = {p: names[int(ds[(0,) * ds.ndim]) - 1] for p, ds in datasets.items()}
         assert held == tf_weights.native_layout(config)
+        ours = tmp_path / "ours.weights.h5"
+        tf_weights.write_native(ours, config, weights_for(config, "float32"))
+        assert keras_groups(ours) == keras_groups(path)
 
 
 # -- Flax ----------------------------------------------------------------------------------------
