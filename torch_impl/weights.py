@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_rosetta.errors import WeightFileError
-from transformer_rosetta.files.array_writes import write_array, write_at
+from transformer_rosetta.files.array_writes import write_array, write_arrays, write_at
 from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.files.safe_read import listing, os_problem, shown
 from transformer_rosetta.files.zip_records import Member, ZipLayoutError, set_crc32, stored_members
@@ -554,15 +554,11 @@ def _fill_storages(path: str, arrays: list[np.ndarray]) -> None:
         room is None or room.size != a.nbytes for room, a in zip(rooms, arrays, strict=True)
     ):
         raise ZipLayoutError("torch.save laid the storages out otherwise")
-    crcs = {}
     with open(path, "r+b", buffering=0) as f:
-        for room, a in zip(rooms, arrays, strict=True):
-            assert room is not None
-            crc = write_array(
-                a, f.fileno(), room.offset, checksum=True, copy_block=transposing_copy
-            )
-            assert crc is not None
-            crcs[room.name] = crc
+        placed = [(a, room.offset) for room, a in zip(rooms, arrays, strict=True) if room]
+        sums = write_arrays(f.fileno(), placed, checksum=True, copy_block=transposing_copy)
+        assert sums is not None
+        crcs = {room.name: crc for room, crc in zip(rooms, sums, strict=True) if room}
         identity = members.get(f"{prefix}/.data/serialization_id")
         if identity is not None:
             crcs.update(_serialization_id(f.fileno(), members, identity, crcs))

@@ -54,31 +54,42 @@ def write_array(
     `checksum`, the CRC-32 of those bytes (zlib's, what a zip member carries), else None.
     `copy_block(out, block)` copies a strided block into a C-contiguous buffer (a framework's
     own transposing copy); numpy's, a tile at a time, by default."""
-    crc = 0 if checksum else None
-    for data, at in _c_order_pieces(a, offset, copy_block):
-        crc = _write_summed(fd, data, at, crc)
-    return crc
+    sums = write_arrays(fd, [(a, offset)], checksum=checksum, copy_block=copy_block)
+    return sums[0] if sums is not None else None
 
 
 def write_arrays(
-    fd: int, placed: Iterable[tuple[np.ndarray, int]], *, copy_block: CopyBlock | None = None
-) -> None:
-    """write_array for each (array, offset) in turn, where a second core puts the next strided
-    block into C order while this one's bytes are written (pwrite lets go of the GIL)."""
+    fd: int,
+    placed: Iterable[tuple[np.ndarray, int]],
+    *,
+    checksum: bool = False,
+    copy_block: CopyBlock | None = None,
+) -> list[int] | None:
+    """write_array for each (array, offset) in turn, where one thread writes (and, with
+    `checksum`, sums) each piece while this one puts the next strided block into C order (pwrite,
+    zlib and the copies let go of the GIL). With `checksum`, each array's CRC-32, in order."""
     writer = _writer()
+    crcs: list[int] = []
+
+    def write(data: memoryview, at: int, index: int) -> None:
+        crc = _write_summed(fd, data, at, crcs[index] if checksum else None)
+        crcs[index] = crc or 0
+
     pending: Future[None] | None = None
     try:
-        for a, offset in placed:
+        for index, (a, offset) in enumerate(placed):
+            crcs.append(0)
             for data, at in _c_order_pieces(a, offset, copy_block):
                 if writer is None:
-                    write_at(fd, data, at)
+                    write(data, at, index)
                     continue
                 if pending is not None:
-                    pending.result()  # one write at a time: the next block's buffer is free
-                pending = writer.submit(write_at, fd, data, at)
+                    pending.result()  # one piece at a time: the next block's buffer is free
+                pending = writer.submit(write, data, at, index)
     finally:
         if pending is not None:
             pending.result()
+    return crcs if checksum else None
 
 
 def _c_order_pieces(
@@ -92,7 +103,12 @@ def _c_order_pieces(
     if a.flags.c_contiguous or a.ndim == 0:
         yield np.ascontiguousarray(a).reshape(-1).view(np.uint8).data, offset
         return
-    flat = a.reshape(a.shape[0], -1)  # a view where the trailing axes merge (a kernel's heads do)
+    flat = _rows(a)
+    if flat is None:  # no 2-D view: each item of the leading axis on its own
+        for item in a:
+            yield from _c_order_pieces(item, offset, copy_block)
+            offset += item.nbytes
+        return
     rows = max(1, _BLOCK_BYTES // max(1, flat[0].nbytes))
     shape = (min(rows, flat.shape[0]), flat.shape[1])
     for begin in range(0, flat.shape[0], rows):
@@ -100,6 +116,27 @@ def _c_order_pieces(
         block = buffer[: min(rows, flat.shape[0] - begin)]
         (copy_block or _copy_tiled)(block, flat[begin : begin + rows])
         yield block.reshape(-1).view(np.uint8).data, offset + begin * flat[0].nbytes
+
+
+def _rows(a: np.ndarray) -> np.ndarray | None:
+    """A 2-D view of `a` whose rows, in order, hold `a`'s C order: its trailing axes merged (a
+    query kernel's heads, (d, h, d_k) over torch's (h * d_k, d)), else its leading ones (an
+    output kernel's, (h, d_k, d)); None where neither merges without a copy, which reshape would
+    otherwise make of the whole tensor, silently."""
+
+    def merge(axes: range) -> bool:
+        return all(
+            a.shape[i] == 1
+            or a.shape[i + 1] == 1
+            or a.strides[i] == a.shape[i + 1] * a.strides[i + 1]
+            for i in axes[:-1]
+        )
+
+    if merge(range(1, a.ndim)):
+        return a.reshape(a.shape[0], -1)
+    if merge(range(0, a.ndim - 1)):
+        return a.reshape(-1, a.shape[-1])
+    return None
 
 
 def _write_summed(fd: int, data: memoryview, offset: int, crc: int | None) -> int | None:

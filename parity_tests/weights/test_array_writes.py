@@ -93,6 +93,9 @@ def test_writes_of_many_arrays_overlap_and_keep_every_byte(tmp_path, monkeypatch
     storages = [rng.standard_normal((8 * k, 10)).astype(np.float32) for k in (1, 2, 3)]
     arrays = [storages[0].T, rng.standard_normal(17).astype(np.float32), storages[1].T]
     arrays += [storages[2].T, storages[2].T.reshape(10, 4, 6)]
+    # an output kernel's canonical view (h, d_k, d) of torch's (d, h * d_k), and a permutation
+    # with no 2-D view at all (written an item of its leading axis at a time)
+    arrays += [storages[1].reshape(4, 4, 10), np.arange(120.0).reshape(4, 5, 6).transpose(1, 0, 2)]
     monkeypatch.setattr(array_writes, "_BLOCK_BYTES", 3 * arrays[0][0].nbytes)
     placed, offset = [], 0
     for a in arrays:
@@ -102,6 +105,19 @@ def test_writes_of_many_arrays_overlap_and_keep_every_byte(tmp_path, monkeypatch
     with open(path, "wb", buffering=0) as f:
         array_writes.write_arrays(f.fileno(), iter(placed))
     assert path.read_bytes() == b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+
+
+def test_a_kernel_s_view_is_written_through_a_2d_view_never_copied_whole():
+    """A strided kernel is written by rows of a 2-D view of it: for a query kernel (d, h, d_k)
+    its heads merge, for an output kernel (h, d_k, d) its leading axes do. numpy's reshape would
+    silently copy the whole tensor where the axes do not merge."""
+    # nn.Linear keeps (out, in); here d = 8, h = 2, d_k = 3
+    query = np.zeros((6, 8), np.float32).T.reshape(8, 2, 3)  # (d, h, d_k) over (h * d_k, d)
+    output = np.zeros((8, 6), np.float32).T.reshape(2, 3, 8)  # (h, d_k, d) over (d, h * d_k)
+    for kernel, shape in ((query, (8, 6)), (output, (6, 8))):
+        rows = array_writes._rows(kernel)
+        assert rows is not None and rows.shape == shape and np.shares_memory(rows, kernel)
+    assert array_writes._rows(np.zeros((4, 5, 6)).transpose(1, 0, 2)) is None
 
 
 def test_the_finite_check_decides_exactly(monkeypatch):
