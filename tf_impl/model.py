@@ -176,7 +176,27 @@ def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.La
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, name=name, dtype=dtype)
     # idiom: Keras's default epsilon is 1e-3 (a classic parity bug); its statistics are float32
     # for bfloat16 inputs
-    return layers.LayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
+    return CentredLayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
+
+
+# idiom: Keras's own LayerNormalization cancels where the features are nearly equal
+class CentredLayerNormalization(layers.LayerNormalization):
+    """Keras's LayerNormalization (its weights, names and checkpoint), normalising as the spec
+    writes it: (x - mean) * rsqrt(var + eps) * gamma + beta.
+
+    Keras's ops.layer_normalization computes x * inv + (beta - mean * inv) with inv = gamma *
+    rsqrt(var + eps): two large terms that cancel where the features are nearly equal. With
+    d_model 1 the normalised value is exactly beta, and Keras's was 1.6e-6 off it in float32
+    (inv = 1307 with eps 1e-6), a logit 1.0e-5 off the oracle, where torch and Flax were 2.6e-8
+    off (docs/divergences.json, keras-layer-norm-cancels)."""
+
+    # idiom: Keras's own formula cancels (above); the spec's, on Keras's weights
+    def call(self, inputs: Any) -> Any:
+        x = ops.cast(inputs, statistics_dtype(inputs.dtype))  # float32 or wider, as Keras keeps it
+        mean, variance = ops.moments(x, axes=self.axis, keepdims=True)
+        y = (x - mean) * ops.rsqrt(variance + self.epsilon)
+        y = y * ops.cast(self.gamma, x.dtype) + ops.cast(self.beta, x.dtype)
+        return ops.cast(y, self.compute_dtype)
 
 
 class StdPlusEpsNorm(layers.Layer):

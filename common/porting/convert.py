@@ -48,7 +48,7 @@ from transformer_rosetta.weights.format import (
     planned_files,
     publish_weights,
     read_header,
-    save_weights,
+    write_weights,
 )
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ def write_destination(
     shared format's. `source_kind`, the kind `tensors` were read from: a native checkpoint's
     framework puts its own transposed views into C order (a torch kernel's, 2.6x numpy's tiles)."""
     if kind == "rosetta":
-        save_weights(
+        write_weights(
             path,
             tensors,
             config,

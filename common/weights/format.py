@@ -565,7 +565,6 @@ def save_weights(
     task: str | None = None,
     max_shard_size: int | None = None,
     metadata: Mapping[str, str] | None = None,
-    copy_block: CopyBlock | None = None,
 ) -> None:
     """Validate `tensors` against `config`, then stream them into `path` atomically, one by
     one: each value is read twice (once for its dtype and shape, once to write its bytes) and
@@ -579,9 +578,26 @@ def save_weights(
     `max_shard_size` (bytes) writes a folder at `path` in Hugging Face's sharded layout instead
     (weights/shards.py): staged beside it and moved into place whole, every shard carrying the
     same metadata. A caller that writes into an existing folder checks shards.replaced_files
-    first: the layout's files already there are replaced or removed. `copy_block` puts a
-    strided tensor (a transposed view) into C order a block at a time (files/array_writes.py);
-    the source's framework may have a faster one than numpy's tiles."""
+    first: the layout's files already there are replaced or removed."""
+    write_weights(
+        path, tensors, config, producer, task=task, max_shard_size=max_shard_size, metadata=metadata
+    )
+
+
+def write_weights(
+    path: str | Path,
+    tensors: Mapping[str, np.ndarray],
+    config: TransformerConfig,
+    producer: str,
+    *,
+    task: str | None = None,
+    max_shard_size: int | None = None,
+    metadata: Mapping[str, str] | None = None,
+    copy_block: CopyBlock | None = None,
+) -> None:
+    """save_weights, with `copy_block` putting each strided tensor (a transposed view) into C
+    order a block at a time (files/array_writes.py): a conversion passes its source framework's
+    own copy, faster than numpy's tiles (a .pt's kernels: torch's copy_)."""
     path = Path(path)
     entries = _checked_entries(path, config, tensors)
     header_metadata = _metadata(path, config, producer, task, metadata)

@@ -71,6 +71,10 @@ ONLY_IN: dict[tuple[str, str], str] = {
     "its views need a transposing copy (torch's copy_, faster than numpy's tiles)",
     ("torch_impl", "weights.read_state_dict"): "torch checkpoints are pickles: read with "
     "weights_only, also for other models' checkpoints (common/porting)",
+    ("tf_impl", "model.CentredLayerNormalization"): "Keras's LayerNormalization formula cancels "
+    "where the features are nearly equal (docs/divergences.json, layer_norm_formula_keras): its "
+    "weights, the spec's formula",
+    ("tf_impl", "model.CentredLayerNormalization.__call__"): "its call, the spec's formula",
     ("tf_impl", "weights.LEAF_RENAMES"): "Keras's leaf names (gamma, beta, embeddings) to ours",
     ("tf_impl", "weights.new_model"): "Keras creates variables in build(): made and built at once",
     ("tf_impl", "weights.canonical_name"): KERAS_PATHS,

@@ -504,6 +504,76 @@ def layer_norm_eps_flax() -> float:
     )
 
 
+# The draw of parity_tests/impl/test_properties.py that found it: a one-layer pre-norm decoder of
+# width 1, whose LayerNorm input equals its own mean, so the normalised value is exactly beta.
+_WIDTH_ONE = TransformerConfig(
+    src_vocab_size=2,
+    tgt_vocab_size=2,
+    d_model=1,
+    num_heads=1,
+    d_ff=1,
+    num_encoder_layers=0,
+    num_decoder_layers=1,
+    max_len=1,
+    dropout=0.0,
+    attention_dropout=0.0,
+    norm_position="pre",
+    final_norm=False,
+    position_kind="learned",
+    type_vocab_size=1,
+    scale_embeddings=False,
+    share_embeddings=False,
+    tie_output=False,
+    output_bias=False,
+    attention_bias=False,
+    pad_id=0,
+    bos_id=0,
+    eos_id=1,
+)
+
+
+@divergence(
+    topic="LayerNorm formula",
+    framework="Keras",
+    default=(
+        "`LayerNormalization` (`ops.layer_normalization`): `x * inv + (beta - mean * inv)`, "
+        "inv = `gamma * rsqrt(var + eps)`"
+    ),
+    ours=(
+        "`(x - mean) * rsqrt(var + eps) * gamma + beta` on Keras's own weights, "
+        "`tf_impl/model.py` `CentredLayerNormalization`"
+    ),
+    effect=(
+        "max |Δ logits|, float32, a one-layer decoder of width `d_model` 1 (its normalised value "
+        "is exactly `beta`; a draw of `impl/test_properties.py`): Keras's own "
+        "`LayerNormalization.call` put back; in parentheses the same on the tiny preset"
+    ),
+    needs="tf",
+    rtol=ROUNDING_RTOL,
+    depends_on=SUMMATION_ORDER,
+)
+def layer_norm_formula_keras() -> tuple[float, str]:
+    from transformer_rosetta.adapter.backends import get_backend
+
+    get_backend("tf")
+    import keras
+
+    from transformer_rosetta.tf_impl.model import CentredLayerNormalization
+
+    def keras_formula(_model: Any) -> contextlib.AbstractContextManager:
+        return _patched(CentredLayerNormalization, "call", keras.layers.LayerNormalization.call)
+
+    # as the property test builds it: float64 weights, rounded to float32 by the model
+    weights = _weights(_WIDTH_ONE, "float64")
+    model = get_backend("tf").build(_WIDTH_ONE, weights, dtype="float32")
+    tgt_in = np.zeros((1, 1), np.int64)
+    ours = model.forward(None, tgt_in).logits
+    with keras_formula(model):
+        theirs = model.forward(None, tgt_in).logits
+    tiny = _logit_effect("tf", _tiny(), "float32", keras_formula)
+    return max_abs_diff(theirs, ours), f"tiny preset: {scientific(tiny)}"
+
+
 # -- 2. Flax's fast variance -----------------------------------------------------------------------
 
 FAST_VARIANCE_DEFAULT = "`nnx.LayerNorm(use_fast_variance=True)`: var = E[x²] − E[x]²"
