@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.impl.test_backend_vs_oracle import attention_masks
+from tools.docs.divergences import WIDTH_ONE  # the draw behind layer_norm_formula_keras
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import (
     ACTIVATIONS,
@@ -253,18 +254,6 @@ def check_case(backend, c: TransformerConfig, seed: int, src: np.ndarray, tgt_in
                 diff = float(np.max(np.abs(g - w))) if g.size else 0.0
                 atol = max(atol_for(dtype), ROUNDINGS * sensitivity[name])
                 assert diff <= atol, f"{name} off by {diff:.3g} > {atol:g} ({where})"
-
-
-# The draw that found Keras's LayerNorm cancelling (docs/divergences.json,
-# layer_norm_formula_keras), written out as hypothesis printed it.
-WIDTH_ONE = TransformerConfig.from_json(
-    '{"src_vocab_size": 2, "tgt_vocab_size": 2, "d_model": 1, "num_heads": 1, "d_ff": 1, '
-    '"num_encoder_layers": 0, "num_decoder_layers": 1, "max_len": 1, "norm_position": "pre", '
-    '"final_norm": false, "layer_norm_eps": 1e-06, "position_kind": "learned", '
-    '"type_vocab_size": 1, "scale_embeddings": false, "share_embeddings": false, '
-    '"tie_output": false, "output_bias": false, "attention_bias": false, "pad_id": 0, '
-    '"bos_id": 0, "eos_id": 1, "dropout": 0.0, "attention_dropout": 0.0}'
-)
 
 
 @pytest.mark.parametrize("framework", IMPLEMENTATIONS)

@@ -506,7 +506,7 @@ def layer_norm_eps_flax() -> float:
 
 # The draw of parity_tests/impl/test_properties.py that found it: a one-layer pre-norm decoder of
 # width 1, whose LayerNorm input equals its own mean, so the normalised value is exactly beta.
-_WIDTH_ONE = TransformerConfig(
+WIDTH_ONE = TransformerConfig(
     src_vocab_size=2,
     tgt_vocab_size=2,
     d_model=1,
@@ -564,8 +564,8 @@ def layer_norm_formula_keras() -> tuple[float, str]:
         return _patched(CentredLayerNormalization, "call", keras.layers.LayerNormalization.call)
 
     # as the property test builds it: float64 weights, rounded to float32 by the model
-    weights = _weights(_WIDTH_ONE, "float64")
-    model = get_backend("tf").build(_WIDTH_ONE, weights, dtype="float32")
+    weights = _weights(WIDTH_ONE, "float64")
+    model = get_backend("tf").build(WIDTH_ONE, weights, dtype="float32")
     tgt_in = np.zeros((1, 1), np.int64)
     ours = model.forward(None, tgt_in).logits
     with keras_formula(model):
