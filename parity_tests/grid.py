@@ -164,3 +164,76 @@ def input_cases(c: TransformerConfig) -> dict[str, tuple[np.ndarray, np.ndarray]
         "ragged": (src, tgt_in),
         "length1": ragged_batch(c, batch=2, src_len=1, tgt_len=1, seed=2),
     }
+
+
+# Today's decoders (docs/FORMAT.md, steps 3, 4a, 4 and 5): rotary positions, RMSNorm, the gated
+# feed-forward, grouped-query attention and bias-free projections, over an orthogonal array L9(3^4)
+# of four three-level factors, so that every pair of levels of any two factors appears once:
+# the feed-forward, the key/value heads (of 4 query heads), the biases, and the (rotary layout,
+# norm) pair. d_k = 6 is not a power of two, and rope_theta and the output tying ride along.
+TODAY_FACTORS = (
+    ("swiglu", "geglu", "silu"),
+    (1, 2, 4),
+    ("none", "qkv", "all"),
+    (("half_split", "rms_norm"), ("interleaved", "rms_norm"), ("half_split", "layer_norm")),
+)
+L9 = ((0, 0, 0, 0), (0, 1, 1, 1), (0, 2, 2, 2), (1, 0, 1, 2), (1, 1, 2, 0), (1, 2, 0, 1))
+L9 += ((2, 0, 2, 1), (2, 1, 0, 2), (2, 2, 1, 0))
+FEED_FORWARDS = {
+    "swiglu": dict(gated_feed_forward=True, activation="silu"),
+    "geglu": dict(gated_feed_forward=True, activation="gelu_tanh"),
+    "silu": dict(gated_feed_forward=False, activation="silu"),
+}
+BIASES = {  # (q/k/v, output, feed-forward): Llama, Qwen2, the paper
+    "none": dict(attention_bias=False, attention_output_bias=None, feed_forward_bias=False),
+    "qkv": dict(attention_bias=True, attention_output_bias=False, feed_forward_bias=False),
+    "all": dict(attention_bias=True, attention_output_bias=None, feed_forward_bias=True),
+}
+
+
+def today_variant(ff: str, kv_heads: int, bias: str, layout_norm: tuple[str, str], n: int):
+    """A decoder-only model of today's kind; `n` (its row of L9) picks the ride-alongs."""
+    layout, norm = layout_norm
+    return TransformerConfig(
+        **{
+            **TINY,
+            "tgt_vocab_size": 29,
+            "d_model": 24,
+            "num_heads": 4,
+            "d_ff": 20,
+            "num_encoder_layers": 0,
+            "num_decoder_layers": 2,
+            "norm_position": "pre",
+            "final_norm": True,
+            "position_kind": "rotary",
+            "rotary_layout": layout,
+            "norm_kind": norm,
+            "num_kv_heads": kv_heads,
+            "rope_theta": 500000.0 if n % 2 else 10000.0,
+            "scale_embeddings": False,
+            "share_embeddings": False,
+            "tie_output": n % 3 == 1,
+            "output_bias": False,
+            **FEED_FORWARDS[ff],
+            **BIASES[bias],
+        }
+    )
+
+
+def _today_id(ff: str, kv_heads: int, bias: str, layout_norm: tuple[str, str]) -> str:
+    return f"{ff}-kv{kv_heads}-{bias}bias-{layout_norm[0]}-{layout_norm[1]}"
+
+
+TODAY_GRID: dict[str, TransformerConfig] = {}
+for _n, _row in enumerate(L9):
+    _key = [TODAY_FACTORS[i][level] for i, level in enumerate(_row)]
+    TODAY_GRID[_today_id(*_key)] = today_variant(*_key, _n)
+# The same parts in the other two kinds: an encoder-decoder whose cross-attention is grouped too
+# (rotary only in the self-attentions), and an encoder-only model with rotary positions.
+_ENC_DEC_BASE, _ENC_BASE = list(TODAY_GRID)[4], list(TODAY_GRID)[3]
+TODAY_GRID[f"encoder_decoder-{_ENC_DEC_BASE}"] = TODAY_GRID[_ENC_DEC_BASE].replace(
+    num_encoder_layers=2, num_decoder_layers=1, src_vocab_size=23
+)
+TODAY_GRID[f"encoder_only-{_ENC_BASE}"] = TODAY_GRID[_ENC_BASE].replace(
+    num_encoder_layers=2, num_decoder_layers=0, src_vocab_size=23, tie_output=False
+)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from scipy.special import erf
+from scipy.special import erf, expit
 
 from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
@@ -27,7 +27,11 @@ Weights = Mapping[str, np.ndarray]
 
 
 def layer_norm(
-    x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float, kind: str = "layer_norm"
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray | None,
+    eps: float,
+    kind: str = "layer_norm",
 ) -> np.ndarray:
     """Normalisation over the last axis, section 3.1's LayerNorm. docs/FORMAT.md, step 3.
 
@@ -35,7 +39,11 @@ def layer_norm(
     population variance and eps inside the square root.
     "std_plus_eps" (the Annotated Transformer's LayerNorm): (x - mean) / (std + eps) * scale +
     bias, with the unbiased standard deviation sqrt(sum (x - mean)^2 / (n - 1)) and eps outside.
+    "rms_norm" (Zhang & Sennrich 2019, Llama): x / sqrt(mean(x^2) + eps) * scale, no mean
+    subtracted and no bias (`bias` is None).
     """
+    if kind == "rms_norm":
+        return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps) * scale
     mean = x.mean(axis=-1, keepdims=True)
     squares = ((x - mean) ** 2).sum(axis=-1, keepdims=True)
     n = x.shape[-1]
@@ -48,13 +56,16 @@ def layer_norm(
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
     """relu: max(0, x), Eq. (2). gelu: x * Phi(x) (Hendrycks & Gimpel 2016), exact erf form.
-    gelu_tanh: its tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    gelu_tanh: its tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    silu: x * sigmoid(x) = x / (1 + exp(-x)) (Elfwing et al. 2018; Swish with beta 1)."""
     if name == "relu":
         return np.maximum(x, 0.0)
     if name == "gelu":
         return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
     if name == "gelu_tanh":
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    if name == "silu":
+        return x * expit(x)
     raise ValueError(f"unknown activation {name!r}")
 
 
@@ -78,6 +89,38 @@ def sinusoidal_positions(length: int, d_model: int, layout: str = "interleaved")
     else:
         raise ValueError(f"unknown sinusoid layout {layout!r}")
     return table
+
+
+def rotary_angles(length: int, head_dim: int, theta: float) -> np.ndarray:
+    """The rotation angles of rotary positions (Su et al. 2021, Eq. 15), [length, d_k / 2]:
+    angle(pos, i) = pos * theta^(-2i / d_k), for pos = 0 .. length - 1. docs/FORMAT.md, step 4a."""
+    pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
+    two_i = np.arange(0, head_dim, 2, dtype=np.float64)[None, :]  # (1, d_k/2)
+    return pos * np.power(float(theta), -two_i / head_dim)
+
+
+def rotate(x: np.ndarray, angle: np.ndarray, layout: str) -> np.ndarray:
+    """Rotary positions (Su et al. 2021, Eq. 34): rotate each pair of a query's or key's
+    dimensions by its angle. x (..., L, d_k), angle (L, d_k / 2).
+
+    "half_split" pairs dimension i with i + d_k/2 (Hugging Face's rotate_half); "interleaved"
+    pairs 2i with 2i + 1 (Meta's Llama, RoFormer). In both, a pair (a, b) becomes
+    (a cos - b sin, b cos + a sin)."""
+    cos, sin = np.cos(angle), np.sin(angle)
+    half = x.shape[-1] // 2
+    if layout == "half_split":
+        a, b = x[..., :half], x[..., half:]
+    elif layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        raise ValueError(f"unknown rotary layout {layout!r}")
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    out = np.empty_like(x)
+    if layout == "half_split":
+        out[..., :half], out[..., half:] = ra, rb
+    else:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    return out
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -106,36 +149,55 @@ def scaled_dot_product_attention(
 
 
 def multi_head_attention(
-    w: Weights, prefix: str, x_q: np.ndarray, x_kv: np.ndarray, mask: np.ndarray, has_bias: bool
+    w: Weights,
+    prefix: str,
+    x_q: np.ndarray,
+    x_kv: np.ndarray,
+    mask: np.ndarray,
+    c: TransformerConfig,
+    rotary: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eq. (4), section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
-    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i). Kernels are stored per head: [d, h, k]."""
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i). Kernels are stored per head: [d, heads, k].
 
-    def project(x: np.ndarray, name: str) -> np.ndarray:
-        y = np.einsum("btd,dhk->bhtk", x, w[f"{prefix}.{name}.kernel"])  # (B, h, T, k)
-        if has_bias:
+    Grouped-query attention (c.kv_heads < h): query head n reads key/value head n // (h / kv_heads),
+    Hugging Face's repeat_kv. `rotary` (a self-attention of a rotary model) rotates the queries
+    and keys by their positions 0 .. T-1 (step 4a) before the scores."""
+
+    def project(x: np.ndarray, name: str, bias: bool) -> np.ndarray:
+        y = np.einsum("btd,dhk->bhtk", x, w[f"{prefix}.{name}.kernel"])  # (B, heads, T, k)
+        if bias:
             y = y + w[f"{prefix}.{name}.bias"][None, :, None, :]
         return y
 
-    q, k, v = project(x_q, "query"), project(x_kv, "key"), project(x_kv, "value")
+    q = project(x_q, "query", c.attention_bias)
+    k, v = project(x_kv, "key", c.attention_bias), project(x_kv, "value", c.attention_bias)
+    if rotary:
+        q = rotate(q, rotary_angles(q.shape[2], c.head_dim, c.rope_theta), c.rotary_layout)
+        k = rotate(k, rotary_angles(k.shape[2], c.head_dim, c.rope_theta), c.rotary_layout)
+    group = c.num_heads // c.kv_heads
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, h, T, k)
     context, probs = scaled_dot_product_attention(q, k, v, mask)
     out = np.einsum("bhtk,hkd->btd", context, w[f"{prefix}.output.kernel"])  # (B, T, d)
-    if has_bias:
+    if c.output_projection_bias:
         out = out + w[f"{prefix}.output.bias"]
     return out, probs
 
 
-def feed_forward(w: Weights, prefix: str, x: np.ndarray, act: str) -> np.ndarray:
-    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU for ported models)."""
-    return (
-        dense(
-            activation(
-                act, dense(x, w[f"{prefix}.intermediate.kernel"]) + w[f"{prefix}.intermediate.bias"]
-            ),
-            w[f"{prefix}.output.kernel"],
-        )
-        + w[f"{prefix}.output.bias"]
-    )
+def feed_forward(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
+    """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU, SiLU for ported
+    models). Gated (Shazeer 2020, SwiGLU / GeGLU): (act(x W_gate + b_gate) * (x W_1 + b_1)) W_2
+    + b_2. The biases exist with feed_forward_bias."""
+
+    def project(y: np.ndarray, name: str) -> np.ndarray:
+        out = dense(y, w[f"{prefix}.{name}.kernel"])
+        return out + w[f"{prefix}.{name}.bias"] if c.feed_forward_bias else out
+
+    if c.gated_feed_forward:
+        hidden = activation(c.activation, project(x, "gate")) * project(x, "intermediate")
+    else:
+        hidden = activation(c.activation, project(x, "intermediate"))
+    return project(hidden, "output")
 
 
 def dense(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
@@ -145,9 +207,10 @@ def dense(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 def norm(w: Weights, prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
-    """layer_norm with the stored `{prefix}.scale` and `{prefix}.bias`, the config's eps and
-    norm kind."""
-    return layer_norm(x, w[f"{prefix}.scale"], w[f"{prefix}.bias"], c.layer_norm_eps, c.norm_kind)
+    """layer_norm with the stored `{prefix}.scale` and `{prefix}.bias` (none for an RMSNorm),
+    the config's eps and norm kind."""
+    bias = w.get(f"{prefix}.bias") if c.norm_kind != "rms_norm" else None
+    return layer_norm(x, w[f"{prefix}.scale"], bias, c.layer_norm_eps, c.norm_kind)
 
 
 def sublayer_input(w: Weights, norm_prefix: str, x: np.ndarray, c: TransformerConfig) -> np.ndarray:
@@ -174,10 +237,10 @@ def embed(w: Weights, stack: str, table: str, ids: np.ndarray, c: TransformerCon
         x = x * np.sqrt(c.d_model)
     length = ids.shape[1]
     if c.position_kind == "sinusoidal":
-        pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout)
-    else:
-        pe = w[f"{stack}.position_embedding"][:length]
-    x = x + pe[None]
+        x = x + sinusoidal_positions(length, c.d_model, c.sinusoid_layout)[None]
+    elif c.position_kind == "learned":
+        x = x + w[f"{stack}.position_embedding"][:length][None]
+    # rotary positions add nothing here: the self-attentions rotate their queries and keys
     if c.type_vocab_size:
         x = x + w[f"{stack}.token_type_embedding"][0]
     if c.embedding_norm:
@@ -216,19 +279,18 @@ def encode(
     Returns (memory (B, S, d), self-attention probs per layer, hidden states: the embedding
     output and each layer's output, before the final norm)."""
     mask = key_padding_mask(src, c.pad_id)
+    rotary = c.position_kind == "rotary"
     x = embed(w, "encoder", _table(c, "source"), src, c)
     attentions: list[np.ndarray] = []
     hidden = [x]
     for i in range(c.num_encoder_layers):
         p = f"encoder.layers.{i}"
         y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
-        out, probs = multi_head_attention(w, f"{p}.self_attention", y, y, mask, c.attention_bias)
+        out, probs = multi_head_attention(w, f"{p}.self_attention", y, y, mask, c, rotary)
         x = residual(w, f"{p}.self_attention_norm", x, out, c)
 
         y = sublayer_input(w, f"{p}.feed_forward_norm", x, c)
-        x = residual(
-            w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c.activation), c
-        )
+        x = residual(w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c), c)
         attentions.append(probs)
         hidden.append(x)
     if c.final_norm:
@@ -252,6 +314,7 @@ def decode(
     cross = None
     if memory is not None:
         cross = memory, key_padding_mask(_given(src, "src", "encoder"), c.pad_id)
+    rotary = c.position_kind == "rotary"
     x = embed(w, "decoder", _table(c, "target"), tgt_in, c)
     self_attn: list[np.ndarray] = []
     cross_attn: list[np.ndarray] = []
@@ -259,23 +322,17 @@ def decode(
     for i in range(c.num_decoder_layers):
         p = f"decoder.layers.{i}"
         y = sublayer_input(w, f"{p}.self_attention_norm", x, c)
-        out, s_probs = multi_head_attention(
-            w, f"{p}.self_attention", y, y, self_mask, c.attention_bias
-        )
+        out, s_probs = multi_head_attention(w, f"{p}.self_attention", y, y, self_mask, c, rotary)
         x = residual(w, f"{p}.self_attention_norm", x, out, c)
 
         if cross is not None:
             y = sublayer_input(w, f"{p}.cross_attention_norm", x, c)
-            out, c_probs = multi_head_attention(
-                w, f"{p}.cross_attention", y, *cross, c.attention_bias
-            )
+            out, c_probs = multi_head_attention(w, f"{p}.cross_attention", y, *cross, c)
             x = residual(w, f"{p}.cross_attention_norm", x, out, c)
             cross_attn.append(c_probs)
 
         y = sublayer_input(w, f"{p}.feed_forward_norm", x, c)
-        x = residual(
-            w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c.activation), c
-        )
+        x = residual(w, f"{p}.feed_forward_norm", x, feed_forward(w, f"{p}.feed_forward", y, c), c)
         self_attn.append(s_probs)
         hidden.append(x)
     if c.final_norm:

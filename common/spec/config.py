@@ -28,9 +28,10 @@ from transformer_rosetta.files.safe_read import (
 )
 
 NORM_POSITIONS = ("post", "pre")
-NORM_KINDS = ("layer_norm", "std_plus_eps")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-POSITION_KINDS = ("sinusoidal", "learned")
+NORM_KINDS = ("layer_norm", "std_plus_eps", "rms_norm")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+POSITION_KINDS = ("sinusoidal", "learned", "rotary")
+ROTARY_LAYOUTS = ("half_split", "interleaved")
 POOLINGS = ("none", "mean", "first")
 MODEL_KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
@@ -54,6 +55,10 @@ class TransformerConfig:
     # d_k = d_v per head when it is not d_model / h (Keras MultiHeadAttention's key_dim; the
     # TensorFlow tutorial passes key_dim=d_model). null: d_model / h, as in section 3.2.2.
     key_dim: int | None = None
+    # Grouped-query attention (Ainslie et al. 2023): the keys and values have num_kv_heads heads,
+    # each shared by num_heads / num_kv_heads query heads; 1 is multi-query attention (Shazeer
+    # 2019). null: num_heads, the paper's multi-head attention. docs/FORMAT.md, step 4.
+    num_kv_heads: int | None = None
     d_ff: int = 2048
     # 0 encoder layers: decoder-only; 0 decoder layers: encoder-only (see `kind`).
     num_encoder_layers: int = 6
@@ -75,15 +80,26 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-6
     # "layer_norm": Ba et al. 2016, (x - mean) / sqrt(var + eps) with the population variance.
     # "std_plus_eps": the Annotated Transformer's (x - mean) / (std + eps), with the unbiased
-    # (n - 1) standard deviation and eps outside the square root. docs/FORMAT.md, step 3.
+    # (n - 1) standard deviation and eps outside the square root. "rms_norm": Zhang & Sennrich
+    # 2019, x / sqrt(mean(x^2) + eps) * scale, no mean and no bias (Llama). docs/FORMAT.md, step 3.
     norm_kind: str = "layer_norm"
 
-    activation: str = "relu"  # Eq. (2) uses max(0, x); GELU variants for ported models.
+    activation: str = "relu"  # Eq. (2) uses max(0, x); GELU and SiLU variants for ported models.
+    # The gated feed-forward of Shazeer 2020: (act(x W_gate) * (x W_1)) W_2, SwiGLU with "silu"
+    # (Llama, Mistral, Qwen2), GeGLU with "gelu" or "gelu_tanh". docs/FORMAT.md, step 5.
+    gated_feed_forward: bool = False
+    feed_forward_bias: bool = True  # biases on the feed-forward projections (Llama has none)
 
     position_kind: str = "sinusoidal"
     # "interleaved" is Eq. (5) as written: sin at even dims, cos at odd dims. "concatenated" puts
     # every sin first, then every cos (tensor2tensor, Marian), with the same frequencies.
     sinusoid_layout: str = "interleaved"
+    # Rotary positions (Su et al. 2021, RoFormer), position_kind "rotary": no position table is
+    # added; every self-attention rotates its queries and keys by angle pos * rope_theta^(-2i/d_k).
+    # "half_split" rotates dimension i with i + d_k/2 (Hugging Face's rotate_half); "interleaved"
+    # rotates 2i with 2i + 1 (Meta's original Llama, RoFormer). docs/FORMAT.md, step 4a.
+    rotary_layout: str = "half_split"
+    rope_theta: float = 10000.0
     # BERT's segment (token type) embeddings: a [type_vocab_size, d_model] table per stack, whose
     # row 0 is added to every token. 0 = none. The models take no segment ids: every token is of
     # type 0, single-segment input (what sentence embedding feeds BERT).
@@ -98,6 +114,9 @@ class TransformerConfig:
     tie_output: bool = True
     output_bias: bool = False  # Marian's final_logits_bias; the paper has none.
     attention_bias: bool = True  # biases on the q/k/v/output projections of every attention
+    # The output projection's bias alone, when it differs from attention_bias (Qwen2 has q/k/v
+    # biases and none on the output). null: attention_bias.
+    attention_output_bias: bool | None = None
 
     # Encoder-only: one pooled vector per sequence from the encoder output. "mean" averages the
     # non-pad positions (sentence-transformers' mean pooling); "first" takes position 0 ([CLS]).
@@ -143,6 +162,19 @@ class TransformerConfig:
     @property
     def has_decoder(self) -> bool:
         return self.num_decoder_layers > 0
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads: num_kv_heads, or num_heads when it is null (multi-head)."""
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def output_projection_bias(self) -> bool:
+        """Whether each attention's output projection has a bias: attention_output_bias, or
+        attention_bias when it is null."""
+        if self.attention_output_bias is None:
+            return self.attention_bias
+        return self.attention_output_bias
 
     @property
     def head_dim(self) -> int:
@@ -236,6 +268,8 @@ _BOOL_FIELDS = (
     "attention_bias",
     "embedding_norm",
     "pooled_l2_norm",
+    "gated_feed_forward",
+    "feed_forward_bias",
 )
 _PROBABILITY_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
 _CHOICES = {
@@ -244,6 +278,7 @@ _CHOICES = {
     "activation": ACTIVATIONS,
     "position_kind": POSITION_KINDS,
     "sinusoid_layout": SINUSOID_LAYOUTS,
+    "rotary_layout": ROTARY_LAYOUTS,
     "pooling": POOLINGS,
 }
 
@@ -283,6 +318,17 @@ def validation_problems(c: TransformerConfig) -> list[str]:
             problems.append(f"{name}: must be a number in [0, 1), got {brief(value)}")
     if c.key_dim is not None and (not _is_int(c.key_dim) or c.key_dim < 1):
         problems.append(f"key_dim: must be an integer >= 1 or null, got {brief(c.key_dim)}")
+    if c.num_kv_heads is not None and (not _is_int(c.num_kv_heads) or c.num_kv_heads < 1):
+        problems.append(
+            f"num_kv_heads: must be an integer >= 1 or null, got {brief(c.num_kv_heads)}"
+        )
+    if c.attention_output_bias is not None and not isinstance(c.attention_output_bias, bool):
+        problems.append(
+            f"attention_output_bias: must be true, false or null, got {brief(c.attention_output_bias)}"
+        )
+    theta = c.rope_theta
+    if not _is_number(theta) or not 1.0 < theta < 1e12:
+        problems.append(f"rope_theta: must be a number in (1, 1e12), got {brief(theta)}")
     eps = c.layer_norm_eps
     if not _is_number(eps) or not 0.0 < eps < 1.0:
         problems.append(f"layer_norm_eps: must be a number in (0, 1), got {brief(eps)}")
@@ -299,6 +345,16 @@ def validation_problems(c: TransformerConfig) -> list[str]:
         problems.append(
             f"d_model: {c.d_model} is not divisible by num_heads={c.num_heads}; "
             "d_model must be a multiple of num_heads (d_k = d_model / h), or set key_dim"
+        )
+    if c.num_kv_heads is not None and c.num_heads % c.num_kv_heads:
+        problems.append(
+            f"num_kv_heads: {c.num_kv_heads} does not divide num_heads={c.num_heads}; each "
+            "key/value head serves num_heads / num_kv_heads query heads"
+        )
+    if c.position_kind == "rotary" and c.head_dim % 2:
+        problems.append(
+            f"position_kind: rotary positions rotate pairs of dimensions, so the head size "
+            f"(d_k) must be even, got {c.head_dim}"
         )
     if c.norm_kind == "std_plus_eps" and c.d_model < 2:
         problems.append(
@@ -425,6 +481,27 @@ PRESETS: dict[str, TransformerConfig] = {
         tie_output=False,
         pooling="mean",
         pooled_l2_norm=True,
+    ),
+    # Today's decoders at the tiny sizes: a Llama (pre-norm RMSNorm with a final norm, rotary
+    # positions in Hugging Face's half-split layout, SwiGLU, grouped-query attention with two
+    # query heads per key/value head, no biases, an untied output, unscaled embeddings).
+    "tiny_llama": _TINY.replace(
+        num_encoder_layers=0,
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=2,
+        d_ff=64,
+        norm_position="pre",
+        final_norm=True,
+        norm_kind="rms_norm",
+        activation="silu",
+        gated_feed_forward=True,
+        position_kind="rotary",
+        attention_bias=False,
+        feed_forward_bias=False,
+        scale_embeddings=False,
+        share_embeddings=False,
+        tie_output=False,
     ),
     "base": TransformerConfig(),
     # Table 3, "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3 (0.1 for EN-FR).

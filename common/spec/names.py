@@ -25,35 +25,43 @@ class TensorSpec:
 
 
 def attention_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
-    """Eq. (4), section 3.2.2: W^Q_i, W^K_i, W^V_i per head and W^O, kept as [d_model, h, d_k]."""
-    d, h, k = c.d_model, c.num_heads, c.head_dim
+    """Eq. (4), section 3.2.2: W^Q_i, W^K_i, W^V_i per head and W^O, kept as [d_model, heads, d_k].
+
+    With grouped-query attention (num_kv_heads < num_heads) the key and value kernels have
+    num_kv_heads heads. The q/k/v biases follow attention_bias, the output bias
+    attention_output_bias (c.output_projection_bias)."""
+    d, h, k, g = c.d_model, c.num_heads, c.head_dim, c.kv_heads
     specs = []
-    for proj in ("query", "key", "value"):
-        specs.append(TensorSpec(f"{prefix}.{proj}.kernel", (d, h, k), "kernel", d, h * k))
+    for proj, heads in (("query", h), ("key", g), ("value", g)):
+        specs.append(TensorSpec(f"{prefix}.{proj}.kernel", (d, heads, k), "kernel", d, heads * k))
         if c.attention_bias:
-            specs.append(TensorSpec(f"{prefix}.{proj}.bias", (h, k), "bias"))
+            specs.append(TensorSpec(f"{prefix}.{proj}.bias", (heads, k), "bias"))
     specs.append(TensorSpec(f"{prefix}.output.kernel", (h, k, d), "kernel", h * k, d))
-    if c.attention_bias:
+    if c.output_projection_bias:
         specs.append(TensorSpec(f"{prefix}.output.bias", (d,), "bias"))
     return specs
 
 
 def feed_forward_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
-    """Eq. (2): FFN(x) = act(x W_1 + b_1) W_2 + b_2, named intermediate (W_1) and output (W_2)."""
+    """Eq. (2): FFN(x) = act(x W_1 + b_1) W_2 + b_2, named intermediate (W_1) and output (W_2).
+    The gated feed-forward (Shazeer 2020) adds `gate` (W_gate), whose activation multiplies
+    x W_1. The biases exist with feed_forward_bias."""
     d, f = c.d_model, c.d_ff
-    return [
-        TensorSpec(f"{prefix}.intermediate.kernel", (d, f), "kernel", d, f),
-        TensorSpec(f"{prefix}.intermediate.bias", (f,), "bias"),
-        TensorSpec(f"{prefix}.output.kernel", (f, d), "kernel", f, d),
-        TensorSpec(f"{prefix}.output.bias", (d,), "bias"),
-    ]
+    specs = []
+    projections = (("gate", d, f),) if c.gated_feed_forward else ()
+    for proj, n_in, n_out in (*projections, ("intermediate", d, f), ("output", f, d)):
+        specs.append(TensorSpec(f"{prefix}.{proj}.kernel", (n_in, n_out), "kernel", n_in, n_out))
+        if c.feed_forward_bias:
+            specs.append(TensorSpec(f"{prefix}.{proj}.bias", (n_out,), "bias"))
+    return specs
 
 
 def norm_specs(prefix: str, c: TransformerConfig) -> list[TensorSpec]:
-    return [
-        TensorSpec(f"{prefix}.scale", (c.d_model,), "scale"),
-        TensorSpec(f"{prefix}.bias", (c.d_model,), "norm_bias"),
-    ]
+    """A norm's gain `scale`, and its `bias` unless it is an RMSNorm (which has none)."""
+    specs = [TensorSpec(f"{prefix}.scale", (c.d_model,), "scale")]
+    if c.norm_kind != "rms_norm":
+        specs.append(TensorSpec(f"{prefix}.bias", (c.d_model,), "norm_bias"))
+    return specs
 
 
 def embedding_names(c: TransformerConfig) -> dict[str, str | None]:

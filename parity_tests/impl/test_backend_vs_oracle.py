@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.grid import FAMILY_GRID, FULL_GRID, PAIRWISE_GRID, input_cases
+from parity_tests.grid import FAMILY_GRID, FULL_GRID, PAIRWISE_GRID, TODAY_GRID, input_cases
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.masks import decoder_self_mask, key_padding_mask
 from transformer_rosetta.spec.tolerances import atol_for
@@ -87,6 +87,20 @@ def test_the_halves_match_the_oracle(backend, config_id, dtype):
         pytest.skip(f"{backend.name} does not compute in {dtype}")
     for mode in backend.modes:
         check_against_oracle(backend, FAMILY_GRID[config_id], dtype, mode)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_id", list(TODAY_GRID))
+def test_todays_decoders_match_the_oracle(backend, config_id, dtype):
+    """Rotary positions in both layouts, RMSNorm, gated feed-forwards, grouped-query and
+    multi-query attention and bias-free projections (parity_tests/grid.py TODAY_GRID), in every
+    mode the backend has: the same bounds as the paper's model, whose derivation (one rounding per
+    stage, a few dozen stages) they share: a rotation is two products and a sum per element, a
+    gate one product more."""
+    if dtype not in backend.dtypes:
+        pytest.skip(f"{backend.name} does not compute in {dtype}")
+    for mode in backend.modes:
+        check_against_oracle(backend, TODAY_GRID[config_id], dtype, mode)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

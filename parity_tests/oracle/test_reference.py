@@ -89,7 +89,7 @@ def test_multi_head_attention_equals_eq4_written_with_a_loop_over_heads():
     x_q, x_kv = rng.normal(size=(2, 3, 16)), rng.normal(size=(2, 5, 16))
     mask = np.ones((2, 1, 1, 5), bool)
     mask[1, ..., 3:] = False
-    got, _ = reference.multi_head_attention(w, p, x_q, x_kv, mask, has_bias=True)
+    got, _ = reference.multi_head_attention(w, p, x_q, x_kv, mask, CONFIG)
 
     heads = []
     for i in range(CONFIG.num_heads):
@@ -226,3 +226,127 @@ def test_paper_init_is_deterministic_and_per_tensor():
     assert np.all(a["encoder.layers.0.self_attention_norm.scale"] == 1)
     emb = a["shared_embedding"]
     assert abs(emb.std() - CONFIG.d_model**-0.5) < 0.02
+
+
+# -- today's decoders: RMSNorm, SiLU and the gated feed-forward, rotary positions, GQA -----------
+
+LLAMA = preset("tiny_llama")
+
+
+def test_rms_norm_at_hand_computed_points():
+    """x / sqrt(mean(x^2) + eps) * scale: [3, 4] has mean square 12.5; no mean is subtracted and
+    no bias is added (a LayerNorm of [3, 4] would be [-1, 1])."""
+    y = reference.layer_norm(np.array([[3.0, 4.0]]), np.array([1.0, 2.0]), None, 0.0, "rms_norm")
+    np.testing.assert_allclose(y, [[3 / np.sqrt(12.5), 2 * 4 / np.sqrt(12.5)]], rtol=1e-15)
+    z = reference.layer_norm(np.array([[0.0, 0.0]]), np.ones(2), None, 0.25, "rms_norm")
+    assert z.tolist() == [[0.0, 0.0]]  # eps inside the root: no division by zero
+
+
+def test_silu_and_the_gated_feed_forward_at_hand_computed_points():
+    """silu(1) = 1 / (1 + e^-1); SwiGLU (act(x W_gate) * x W_1) W_2 on one-hot kernels."""
+    assert reference.activation("silu", np.array(1.0)) == pytest.approx(0.7310585786300049, 1e-15)
+    assert reference.activation("silu", np.array(-1.0)) == pytest.approx(-0.2689414213699951, 1e-15)
+    c = LLAMA.replace(d_model=2, num_heads=1, num_kv_heads=None, d_ff=2)
+    w = {
+        "f.gate.kernel": np.array([[1.0, 0.0], [0.0, 0.0]]),
+        "f.intermediate.kernel": np.array([[0.0, 0.0], [0.0, 3.0]]),
+        "f.output.kernel": np.array([[1.0, 1.0], [1.0, 1.0]]),
+    }
+    y = reference.feed_forward(w, "f", np.array([[[1.0, 2.0]]]), c)
+    # gate: [silu(1), silu(0)] = [0.731, 0]; up: [0, 6]; product [0, 0]: the gate closes it.
+    assert y.tolist() == [[[0.0, 0.0]]]
+    w["f.gate.kernel"] = np.array([[0.0, 1.0], [0.0, 0.0]])  # gate [0, silu(1)]
+    y = reference.feed_forward(w, "f", np.array([[[1.0, 2.0]]]), c)
+    np.testing.assert_allclose(y, [[[6 * 0.7310585786300049] * 2]], rtol=1e-15)
+
+
+def test_rotary_angles_at_hand_computed_points():
+    """angle(pos, i) = pos * theta^(-2i / d_k): d_k 4, theta 100 gives frequencies 1 and 0.1."""
+    np.testing.assert_allclose(
+        reference.rotary_angles(3, 4, 100.0), [[0, 0], [1, 0.1], [2, 0.2]], rtol=1e-15
+    )
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+def test_rotation_of_one_pair_by_hand(layout):
+    """A pair (a, b) turns into (a cos - b sin, b cos + a sin): [1, 0] by 90 degrees is [0, 1].
+    The half-split pair of dimension 0 is dimension d_k/2; the interleaved one is dimension 1."""
+    x = np.zeros((1, 4))
+    x[0, 0] = 1.0
+    angle = np.array([[np.pi / 2, 0.0]])
+    y = reference.rotate(x, angle, layout)
+    partner = 2 if layout == "half_split" else 1
+    expected = np.zeros((1, 4))
+    expected[0, partner] = 1.0
+    np.testing.assert_allclose(y, expected, atol=1e-16)
+
+
+def test_the_two_rotary_layouts_are_one_permutation_apart():
+    """Interleaved pairs (2i, 2i+1) and half-split pairs (i, i + d/2) rotate the same pairs
+    once the dimensions are permuted: rotate_interleaved(x) = P^-1 rotate_half(P x), with P the
+    permutation that Hugging Face's convert_llama_weights_to_hf applies to q and k."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 8))
+    angle = reference.rotary_angles(5, 8, 10000.0)
+    perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])  # [0, 2, 4, 6, 1, 3, 5, 7]
+    half = reference.rotate(x[..., perm], angle, "half_split")
+    inter = reference.rotate(x, angle, "interleaved")
+    np.testing.assert_allclose(half, inter[..., perm], atol=1e-15)
+    assert np.abs(reference.rotate(x, angle, "half_split") - inter).max() > 0.1
+
+
+def test_rotary_scores_depend_only_on_the_offset():
+    """RoFormer's point (Su et al. 2021, section 3.2): q_m . k_n after rotation is a function of
+    m - n. Shifting both positions by 3 leaves the score as it was."""
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=8), rng.normal(size=8)
+    angle = reference.rotary_angles(10, 8, 10000.0)
+    for layout in ("half_split", "interleaved"):
+
+        def score(m, n, layout=layout):
+            qm = reference.rotate(q[None], angle[m : m + 1], layout)[0]
+            kn = reference.rotate(k[None], angle[n : n + 1], layout)[0]
+            return qm @ kn
+
+        assert score(5, 2) == pytest.approx(score(8, 5), abs=1e-14)
+        assert abs(score(5, 2) - score(5, 3)) > 1e-3
+
+
+def test_grouped_query_attention_is_multi_head_with_repeated_keys_and_values():
+    """A model with num_kv_heads 2 of 4 equals, to rounding, the multi-head model whose key and
+    value kernels repeat each key/value head for its two query heads (repeat_kv)."""
+    gqa = LLAMA.replace(attention_bias=True)
+    mha = gqa.replace(num_kv_heads=None)
+    w = init_weights(gqa, seed=3, scheme="perturbed", dtype="float64")
+    repeated = dict(w)
+    for name, t in w.items():
+        if ".key." in name or ".value." in name:
+            axis = 1 if name.endswith("kernel") else 0
+            repeated[name] = np.repeat(t, 2, axis=axis)
+    _, tgt = ragged_batch(gqa, batch=3, src_len=1, tgt_len=6, seed=2)
+    got = reference.forward(w, gqa, None, tgt)
+    want = reference.forward(repeated, mha, None, tgt)
+    np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(
+        got.decoder_self_attention[0], want.decoder_self_attention[0], rtol=0, atol=1e-15
+    )
+    shrunk = {k: v for k, v in w.items() if ".key." in k}
+    assert shrunk["decoder.layers.0.self_attention.key.kernel"].shape == (32, 2, 8)
+
+
+def test_a_rotary_model_sees_order_without_a_position_table():
+    """No tensor holds positions, yet swapping two tokens changes the logits after them; without
+    rotation, the last position of one layer attends its prefix as a set and could not tell."""
+    one_layer = LLAMA.replace(num_decoder_layers=1)
+    w = init_weights(one_layer, seed=4, scheme="perturbed", dtype="float64")
+    assert not any("position" in name for name in w)
+    a = np.array([[5, 6, 7, 8]])
+    b = np.array([[6, 5, 7, 8]])
+    la = reference.forward(w, one_layer, None, a).logits[0, -1]
+    lb = reference.forward(w, one_layer, None, b).logits[0, -1]
+    assert np.abs(la - lb).max() > 1e-3
+    no_rotary = one_layer.replace(position_kind="learned")
+    w2 = {**w, "decoder.position_embedding": np.zeros((LLAMA.max_len, LLAMA.d_model))}
+    la = reference.forward(w2, no_rotary, None, a).logits[0, -1]
+    lb = reference.forward(w2, no_rotary, None, b).logits[0, -1]
+    assert np.abs(la - lb).max() < 1e-13

@@ -162,9 +162,15 @@ def test_size_of_wrong_type():
 
 
 def test_unknown_activation_and_position_kind():
-    problems = problems_of(activation="swish", position_kind="rotary")
-    assert "activation: unknown value 'swish'; allowed: 'relu', 'gelu', 'gelu_tanh'" in problems
-    assert "position_kind: unknown value 'rotary'; allowed: 'sinusoidal', 'learned'" in problems
+    problems = problems_of(activation="swish", position_kind="alibi")
+    assert (
+        "activation: unknown value 'swish'; allowed: 'relu', 'gelu', 'gelu_tanh', 'silu'"
+        in problems
+    )
+    assert (
+        "position_kind: unknown value 'alibi'; allowed: 'sinusoidal', 'learned', 'rotary'"
+        in problems
+    )
     (p,) = problems_of(sinusoid_layout="blocked")
     assert p.startswith("sinusoid_layout: unknown value 'blocked'")
 
@@ -226,7 +232,7 @@ def test_bad_json_text():
 def test_unknown_preset():
     with pytest.raises(
         ConfigError,
-        match="unknown preset 'huge'; allowed: tiny, tiny_decoder_only, tiny_encoder_only, base, big",
+        match="unknown preset .huge.; allowed: tiny, tiny_decoder_only, tiny_encoder_only, tiny_llama, base, big",
     ):
         preset("huge")
 
@@ -241,3 +247,44 @@ def test_a_decoder_only_model_may_start_and_end_with_one_id():
     dec = dict(num_encoder_layers=0, share_embeddings=False)
     assert TransformerConfig(**dec, bos_id=2, eos_id=2).kind == "decoder_only"
     assert problems_of(bos_id=2, eos_id=2) == ["eos_id: must differ from bos_id (both 2)"]
+
+
+def test_the_fields_of_todays_decoders_are_checked_by_name():
+    """num_kv_heads must divide num_heads, rotary needs an even head size, rope_theta a base
+    above 1, and each new switch its type."""
+    assert problems_of(num_heads=8, num_kv_heads=3) == [
+        "num_kv_heads: 3 does not divide num_heads=8; each key/value head serves "
+        "num_heads / num_kv_heads query heads"
+    ]
+    assert problems_of(num_kv_heads=0) == ["num_kv_heads: must be an integer >= 1 or null, got 0"]
+    assert problems_of(position_kind="rotary", d_model=24, num_heads=8) == [
+        "position_kind: rotary positions rotate pairs of dimensions, so the head size (d_k) "
+        "must be even, got 3"
+    ]
+    assert problems_of(rope_theta=1.0) == ["rope_theta: must be a number in (1, 1e12), got 1.0"]
+    assert problems_of(rotary_layout="meta")[0].startswith(
+        "rotary_layout: unknown value 'meta'; allowed: 'half_split', 'interleaved'"
+    )
+    assert problems_of(attention_output_bias="no") == [
+        "attention_output_bias: must be true, false or null, got 'no'"
+    ]
+    assert problems_of(gated_feed_forward=1) == ["gated_feed_forward: must be true or false, got 1"]
+
+
+def test_the_new_fields_default_to_the_paper():
+    """Every file and preset written before them reads as it did: multi-head attention, no
+    rotation, a LayerNorm, an ungated feed-forward with biases, an output bias as attention_bias."""
+    c = TransformerConfig()
+    assert (c.num_kv_heads, c.kv_heads, c.position_kind, c.norm_kind) == (
+        None,
+        8,
+        "sinusoidal",
+        "layer_norm",
+    )
+    assert (c.gated_feed_forward, c.feed_forward_bias, c.output_projection_bias) == (
+        False,
+        True,
+        True,
+    )
+    assert c.replace(attention_bias=False).output_projection_bias is False
+    assert c.replace(attention_output_bias=False).output_projection_bias is False
