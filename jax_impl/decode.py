@@ -10,13 +10,15 @@ compile once per (model kind, N, max_steps, S) and never per position.
 The cache (the same names and array layouts as in torch_impl/decode.py and tf_impl/decode.py;
 the index dtype is not the same everywhere: int32 here, JAX's integer without x64, int64 in torch):
     "layers":      one dict per decoder layer:
-        "self_key", "self_value":   (N, h, M, k) self-attention buffers, written at index
-        "cross_key", "cross_value": (N, h, S, k) the memory's keys and values, computed once
+        "self_key", "self_value":   (N, g, M, k) self-attention buffers, written at index
+        "cross_key", "cross_value": (N, g, S, k) the memory's keys and values, computed once
     "memory_mask": (N, 1, 1, S) bool, the source's key padding mask
     "key_valid":   (N, M) bool, True at the positions written so far whose token is not
                    padding (position 0 always): decoder_key_padding_mask & causal, one row
     "index":       () int32, the position the next step writes
-N = B * beams: row r decodes source row r // beams (repeat_interleave). M = max_steps.
+N = B * beams: row r decodes source row r // beams (repeat_interleave). M = max_steps. g is
+num_kv_heads, the key/value heads (grouped-query attention's smaller cache); a rotary model's
+keys are kept rotated, at their positions.
 
 A decoder-only model (GPT) decodes a prompt (B, P) given in place of src: it has no memory, so
 its cache has no "memory_mask" and its layers no "cross_key"/"cross_value" (absent keys, as a
@@ -62,7 +64,8 @@ def init_cache(model: Transformer, src: jax.Array, beams: int, max_steps: int) -
     c = model.config
     rows = src.shape[0] * beams
     positions = max_steps if c.has_encoder else src.shape[1] - 1 + max_steps
-    empty = jnp.zeros((rows, c.num_heads, positions, c.head_dim), model.table("target").dtype)
+    shape = (rows, c.kv_heads, positions, c.head_dim)  # (N, g, positions, d_k)
+    empty = jnp.zeros(shape, model.table("target").dtype)
     cache = {
         "layers": [{"self_key": empty, "self_value": empty} for _ in model.decoder.layers],
         "key_valid": jnp.zeros((rows, positions), bool),
@@ -75,7 +78,7 @@ def init_cache(model: Transformer, src: jax.Array, beams: int, max_steps: int) -
     for layer, entry in zip(model.decoder.layers, cache["layers"], strict=True):
         entry["cross_key"], entry["cross_value"] = (
             jnp.repeat(t, beams, axis=0) for t in layer.cross_attention.keys_values(memory)
-        )  # (N, h, S, k)
+        )  # (N, g, S, k)
     cache["memory_mask"] = jnp.repeat(key_padding_mask(src, c.pad_id), beams, axis=0)
     return cache
 
@@ -100,9 +103,11 @@ def _run_decoder(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[j
     index = cache["index"]
     buffer = cache["key_valid"].shape[1]
     decoder = model.decoder
-    x = decoder.embed(
-        tokens, start=index, table=model.table("target"), max_steps=buffer
-    )  # (N, L, d)
+    table = model.table("target")
+    # Section 3.5: PE[index..], rows of a table of `buffer` positions; rotary positions likewise
+    # continue from the prefix, index..index+L-1.
+    x = decoder.embed(tokens, start=index, table=table, max_steps=buffer)  # (N, L, d)
+    rotary = decoder.rotary(tokens.shape[1], start=index, dtype=table.dtype, max_steps=buffer)
     # A key written here is valid unless it is padding; BOS (position 0) always is, even when
     # bos_id == pad_id. Unwritten positions are still False; among the L new ones, query i sees
     # keys up to index + i: that is the causal mask.
@@ -114,7 +119,13 @@ def _run_decoder(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[j
     layers = []
     for layer, layer_cache in zip(decoder.layers, cache["layers"], strict=True):
         x, _, _, layer_cache = layer(
-            x, None, self_mask, cache.get("memory_mask"), cache=layer_cache, index=index
+            x,
+            None,
+            self_mask,
+            cache.get("memory_mask"),
+            cache=layer_cache,
+            index=index,
+            rotary=rotary,
         )
         layers.append(layer_cache)
     if decoder.final_norm is not None:
@@ -126,7 +137,8 @@ def _run_decoder(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[j
 def decode_step(model: Transformer, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
     """Feed tokens (N,) at position cache["index"]; return (logits (N, V), the cache one step on).
 
-    The decoder of section 3.1 on one position: E[token] * sqrt(d) + PE[index], then every
+    The decoder of section 3.1 on one position: E[token] * sqrt(d) + PE[index] (or, rotary,
+    its self-attentions' queries and keys rotated to position index), then every
     decoder layer (its self-attention over the cached keys and values of positions 0..index, its
     cross-attention over the cached memory), the final norm if configured, the output projection.
     """

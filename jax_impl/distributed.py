@@ -11,10 +11,13 @@ imported; across processes, initialize_processes first (jax.distributed with glo
   nnx.Param, read back by nnx.get_named_sharding. Attention's query, key and value kernels
   [d, h, d_k] and biases [h, d_k] split their heads over "model", and the output projection
   [h, d_k, d] its input (heads) axis, so each model shard computes Eq. (1) for h / model whole
-  heads; the feed-forward's first kernel [d, d_ff] and bias split d_ff (columns), the second
-  [d_ff, d] its rows. The embeddings (a tied output projection included), the norms and the
-  biases added after a row-split kernel (attention's and the feed-forward's output bias) are
-  replicated: they are small, and the row-split products meet in one all-reduce before them.
+  heads (grouped-query attention's key and value heads, [d, g, d_k], likewise: g / model whole
+  key/value heads per shard, those its query heads read); the feed-forward's first kernel
+  [d, d_ff] and bias (and a gated feed-forward's gate, whose product with it is per column)
+  split d_ff (columns), the second [d_ff, d] its rows. The embeddings (a tied output projection
+  included), the norms and the biases added after a row-split kernel (attention's and the
+  feed-forward's output bias) are replicated: they are small, and the row-split products meet
+  in one all-reduce before them.
 
 The training step is train.py's compiled step, unchanged: the same jax.jit function of the same
 loss, called on sharded arrays, so XLA (GSPMD) partitions it and inserts the collectives (the
@@ -161,9 +164,9 @@ _TENSOR_PARALLEL: tuple[tuple[re.Pattern[str], tuple[str | None, ...]], ...] = (
     (re.compile(r"attention\.(query|key|value)\.bias$"), ("model", None)),
     # row-parallel: W^O's input axis is the heads ([h, d_k, d]); its bias is added after the sum
     (re.compile(r"attention\.output\.kernel$"), ("model", None, None)),
-    # column-parallel W_1 [d, d_ff] and b_1 [d_ff]; row-parallel W_2 [d_ff, d]
-    (re.compile(r"feed_forward\.intermediate\.kernel$"), (None, "model")),
-    (re.compile(r"feed_forward\.intermediate\.bias$"), ("model",)),
+    # column-parallel W_1 [d, d_ff] and b_1 [d_ff] (and W_gate, b_gate); row-parallel W_2 [d_ff, d]
+    (re.compile(r"feed_forward\.(gate|intermediate)\.kernel$"), (None, "model")),
+    (re.compile(r"feed_forward\.(gate|intermediate)\.bias$"), ("model",)),
     (re.compile(r"feed_forward\.output\.kernel$"), ("model", None)),
 )
 

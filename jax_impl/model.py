@@ -10,7 +10,8 @@ Masks are boolean, True = may attend, built by the small pure functions below, w
 common/spec/masks.py, and shaped to broadcast against the scores (B, h, T_q, T_k).
 
 Shapes: B batch, S source length, T target length, L positions at hand, d = d_model, h heads,
-d_k = d / h (or the config's key_dim), V vocabulary.
+g key/value heads (num_kv_heads; h unless grouped), d_k = d / h (or the config's key_dim),
+V vocabulary.
 """
 
 from __future__ import annotations
@@ -80,11 +81,45 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
     raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
+# idiom: float64 NumPy tables, as sinusoidal_positions (a constant under jit, cast with the
+# model), returned as a (cos, sin) pair, the two factors every rotation multiplies by
+def rotary_positions(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary positions (Su et al. 2021, RoFormer, Eq. 15): the cosines and sines of
+    angle(pos, i) = pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1, for pos = 0 .. length - 1: two
+    tables (length, d_k / 2), for any length (rotations extrapolate past max_len, as sinusoids
+    do). docs/FORMAT.md, step 4a."""
+    pos = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
+    two_i = np.arange(0, head_dim, 2, dtype=np.float64)[None, :]  # (1, d_k/2)
+    angle = pos * np.power(float(theta), -two_i / head_dim)  # (L, d_k/2)
+    return np.cos(angle), np.sin(angle)
+
+
+# idiom: heads after positions, x (B, L, heads, d_k) (nnx.LinearGeneral's layout): the (L, d_k/2)
+# tables broadcast over the heads
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str) -> jax.Array:
+    """Rotary positions (Su et al. 2021, Eq. 34): each pair (a, b) of a query's or key's
+    dimensions becomes (a cos - b sin, b cos + a sin), by its position's angle. x holds the
+    queries or keys of L positions, d_k per head, in the framework's head layout (its `# idiom:`
+    says which); cos and sin (L, d_k / 2), in x's dtype (rotary_positions' rows of x's positions).
+
+    "half_split" pairs dimension i with i + d_k/2 (Hugging Face's rotate_half); "interleaved"
+    pairs 2i with 2i + 1 (Meta's Llama, RoFormer). Any other layout is a ValueError."""
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (L, 1, d_k/2), against (B, L, heads, d_k/2)
+    if layout == "half_split":
+        a, b = jnp.split(x, 2, axis=-1)  # (B, L, heads, d_k/2) each
+        return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    if layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+        return jnp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(x.shape)
+    raise ValueError(f"unknown rotary layout {layout!r}")
+
+
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,  # Eq. (2): max(0, x)
     # deviation, flagged (ported models): x Phi(x), the exact erf form
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GELU's tanh approximation
+    "silu": jax.nn.silu,  # x sigmoid(x) (Elfwing et al. 2018), SwiGLU's gate (Llama)
 }
 
 
@@ -97,8 +132,9 @@ def statistics_dtype(dtype: jnp.dtype) -> jnp.dtype:
 # -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, h, d_k): the layout of
-# nnx.LinearGeneral's projections and of jax.nn.dot_product_attention
+# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, g, d_k): the layout of
+# nnx.LinearGeneral's projections and of jax.nn.dot_product_attention, fewer key/value heads
+# included
 def explicit_attention(
     q: jax.Array,
     k: jax.Array,
@@ -109,9 +145,11 @@ def explicit_attention(
     """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
     kept.
 
-    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
-    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
-    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    q holds the T_q queries of each of the h heads and k and v the T_k keys and values of each
+    of the g key/value heads, in the framework's head layout (its `# idiom:` says which); mask
+    broadcasts to (B, h, T_q, T_k); `dropout` drops probabilities before they weight the values.
+    Grouped-query attention (Ainslie et al. 2023; multi-query, Shazeer 2019, is g = 1): query
+    head n reads key/value head n // (h / g). Returns (context, in q's layout, probabilities
     (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
     (statistics_dtype), and the probabilities are rounded to q's dtype once.
 
@@ -119,20 +157,28 @@ def explicit_attention(
     which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
     a query with no allowed key (a fully padded source) gets a zero context.
     """
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
-    scores = scores.astype(statistics_dtype(scores.dtype))
+    # The h query heads as g groups of h / g, query head n = (n // (h / g), n % (h / g)), each
+    # group against its one key/value head, as jax.nn.dot_product_attention groups them: the
+    # keys and values are never repeated.
+    b, t_q, h, d_k = q.shape
+    g = k.shape[2]
+    q = q.reshape(b, t_q, g, h // g, d_k)  # (B, T_q, g, h/g, d_k)
+    scores = jnp.einsum("bqgnd,bkgd->bgnqk", q, k) / math.sqrt(d_k)  # (B, g, h/g, T_q, T_k)
+    scores = scores.reshape(b, h, t_q, -1).astype(statistics_dtype(scores.dtype))
     scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
     probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0).astype(q.dtype)
-    context = jnp.einsum("bhqk,bkhd->bqhd", dropout(probs), v)  # (B, T_q, h, d_k)
-    return context, probs
+    grouped = dropout(probs).reshape(b, g, h // g, t_q, -1)  # (B, g, h/g, T_q, T_k)
+    context = jnp.einsum("bgnqk,bkgd->bqgnd", grouped, v)  # (B, T_q, g, h/g, d_k)
+    return context.reshape(b, t_q, h, d_k), probs
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Eq. (1) by the framework's fused attention kernel, which never materialises the
-    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
-    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
-    here, as on the explicit path."""
-    # idiom: the kernel is jax.nn.dot_product_attention
+    probabilities: the context, in explicit_attention's layout, fewer key/value heads included.
+    The kernels disagree on a query with no allowed key (zeros, a uniform average of the values,
+    or NaN); it gets a zero context here, as on the explicit path."""
+    # idiom: the kernel is jax.nn.dot_product_attention, which takes g < h key/value heads as they
+    # are (grouped-query attention, query head n reading head n // (h / g))
     context = jax.nn.dot_product_attention(q, k, v, mask=mask)
     # The kernel gives a query with no allowed key a uniform average of the values.
     has_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # (B, T_q or 1, 1, 1)
@@ -145,9 +191,11 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
 def layer_norm(config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module:
     """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
     the paper's): population variance, eps inside the square root, statistics in float32 or
-    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm, "rms_norm" RMSNorm."""
     if config.norm_kind == "std_plus_eps":
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, dtype=dtype)
+    if config.norm_kind == "rms_norm":
+        return RMSNorm(config.d_model, config.layer_norm_eps, dtype=dtype)
     # idiom: Flax's default epsilon is 1e-6, and its default (fast) variance, E[x^2] - mean^2,
     # cancels badly: use_fast_variance=False computes E[(x - mean)^2], as the oracle does. Its
     # statistics are float32 for bfloat16 inputs.
@@ -180,6 +228,26 @@ class StdPlusEpsNorm(nnx.Module):
         return (self.scale[...] * y + self.bias[...]).astype(x.dtype)
 
 
+# idiom: not nnx.RMSNorm: Flax 0.12's multiplies x by rsqrt(ms + eps) * scale in float32 and
+# rounds once, where Hugging Face's Llama (the spec's order) rounds the normalised x to bfloat16
+# before the gain
+class RMSNorm(nnx.Module):
+    """RMSNorm (Zhang & Sennrich 2019, Eq. 4): x / sqrt(mean(x^2) + eps) * scale, no mean
+    subtracted and no bias (docs/FORMAT.md, step 3). The statistics run in float32 or wider, and
+    the normalised x is rounded back to the input's dtype before the gain multiplies it
+    (Hugging Face's Llama: `weight * hidden.to(input_dtype)`). The gain carries the name of the
+    framework's own RMSNorm (its `# idiom:` says which)."""
+
+    def __init__(self, d_model: int, eps: float, *, dtype: jnp.dtype) -> None:
+        self.scale = nnx.Param(jnp.ones((d_model,), dtype))  # idiom: nnx.RMSNorm's name: scale
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x.astype(statistics_dtype(x.dtype))
+        y = y * jax.lax.rsqrt(jnp.square(y).mean(-1, keepdims=True) + self.eps)
+        return self.scale[...] * y.astype(x.dtype)
+
+
 def residual(
     x: jax.Array,
     sublayer: Callable[[jax.Array], tuple[jax.Array, Any]],
@@ -206,35 +274,45 @@ class MultiHeadAttention(nnx.Module):
     (explicit_attention, fused_attention).
 
     The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
-    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
-    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
+    unless the config sets key_dim). Grouped-query attention (Ainslie et al. 2023; num_kv_heads
+    g < h, multi-query with g = 1, Shazeer 2019): W^K and W^V have g heads, each read by h / g
+    query heads. A self-attention of a rotary model is given its positions' (cos, sin) and
+    rotates its queries and keys (Su et al. 2021) after projecting them. Deviation, flagged: a
+    query with no allowed key (a fully padded source) gets all-zero probabilities and a zero
+    context, so its output is W^O's bias.
     """
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
         # rosetta: parameters
-        d, h, d_k = config.d_model, config.num_heads, config.head_dim
-        # idiom: nnx.LinearGeneral keeps heads as an axis, [d, h, d_k] and [h, d_k, d]: the
+        d, h, d_k, g = config.d_model, config.num_heads, config.head_dim, config.kv_heads
+        # idiom: nnx.LinearGeneral keeps heads as an axis, [d, heads, d_k] and [h, d_k, d]: the
         # canonical layout, with no reshapes
         dense = functools.partial(
             nnx.LinearGeneral,
-            use_bias=config.attention_bias,
             dtype=dtype,
             param_dtype=dtype,
             kernel_init=nnx.initializers.xavier_uniform(),  # tensor2tensor's, common/weights/init.py
             rngs=rngs,
         )
-        self.query = dense(d, (h, d_k))
-        self.key = dense(d, (h, d_k))
-        self.value = dense(d, (h, d_k))
-        self.output = dense((h, d_k), d, axis=(-2, -1))
+        bias = config.attention_bias
+        self.query = dense(d, (h, d_k), use_bias=bias)
+        self.key = dense(d, (g, d_k), use_bias=bias)
+        self.value = dense(d, (g, d_k), use_bias=bias)
+        self.output = dense((h, d_k), d, axis=(-2, -1), use_bias=config.output_projection_bias)
         # rosetta: end
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
+        self.rotary_layout = config.rotary_layout
 
-    def keys_values(self, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
-        decode cache keeps (decode.py), in the same layout in every implementation."""
-        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
-        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, h, T_k, d_k)
+    def keys_values(
+        self, x_kv: jax.Array, rotary: tuple[jax.Array, jax.Array] | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """K W^K and V W^V of x_kv (B, T_k, d), split into the g key/value heads,
+        (B, g, T_k, d_k) each, the keys rotated when `rotary` (cos, sin) is given: what a decode
+        cache keeps (decode.py), in the same layout in every implementation."""
+        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, g, d_k)
+        if rotary is not None:
+            k = rotate(k, *rotary, self.rotary_layout)
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (B, g, T_k, d_k)
 
     def __call__(
         self,
@@ -244,18 +322,26 @@ class MultiHeadAttention(nnx.Module):
         *,
         return_attention: bool = False,
         kv: tuple[jax.Array, jax.Array] | None = None,
+        rotary: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
-        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        kv: keys and values already projected (keys_values), (B, g, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's, its keys already rotated). rotary: the
+        (cos, sin) of the query positions, (T_q, d_k / 2) each in the model's dtype (Stack.rotary),
+        for a self-attention of a rotary model, whose keys are at the same positions unless kv
+        is given; None rotates nothing. Returns (output (B, T_q, d), probabilities
         (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
         kernel, which never materialises them.
         """
         q = self.query(x_q)  # (B, T_q, h, d_k)
+        if rotary is not None:
+            q = rotate(q, *rotary, self.rotary_layout)
         if kv is None:
-            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
-        else:  # the cache's (B, h, T_k, d_k), back to (B, T_k, h, d_k)
+            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, g, d_k)
+            if rotary is not None:
+                k = rotate(k, *rotary, self.rotary_layout)
+        else:  # the cache's (B, g, T_k, d_k), back to (B, T_k, g, d_k)
             k, v = (jnp.swapaxes(t, 1, 2) for t in kv)
         # rosetta: dropout
         dropout_live = not self.dropout.deterministic and self.dropout.rate > 0
@@ -273,22 +359,31 @@ class MultiHeadAttention(nnx.Module):
 class FeedForward(nnx.Module):
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
     `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
-    its tanh approximation) instead of max(0, x) for ported models."""
+    its tanh approximation) or SiLU instead of max(0, x) for ported models; the gated
+    feed-forward (Shazeer 2020, GLU variants: SwiGLU with SiLU) (act(x W_gate + b_gate) *
+    (x W_1 + b_1)) W_2 + b_2, with W_gate and b_gate in `gate`; no biases without
+    feed_forward_bias (Llama)."""
 
     def __init__(self, config: TransformerConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        d, f = config.d_model, config.d_ff
         dense = functools.partial(
             nnx.Linear,
+            use_bias=config.feed_forward_bias,
             dtype=dtype,
             param_dtype=dtype,
             kernel_init=nnx.initializers.xavier_uniform(),
             rngs=rngs,
         )
-        self.intermediate = dense(config.d_model, config.d_ff)
-        self.output = dense(config.d_ff, config.d_model)
+        self.gate = dense(d, f) if config.gated_feed_forward else None  # W_gate, b_gate
+        self.intermediate = dense(d, f)  # W_1, b_1
+        self.output = dense(f, d)  # W_2, b_2
         self.activation = config.activation  # a key of ACTIVATIONS, looked up at each call
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.output(ACTIVATIONS[self.activation](self.intermediate(x)))
+        act = ACTIVATIONS[self.activation]
+        if self.gate is None:
+            return self.output(act(self.intermediate(x)))
+        return self.output(act(self.gate(x)) * self.intermediate(x))
 
 
 class EncoderLayer(nnx.Module):
@@ -304,12 +399,20 @@ class EncoderLayer(nnx.Module):
         self.pre_norm = config.norm_position == "pre"
 
     def __call__(
-        self, x: jax.Array, mask: jax.Array, *, return_attention: bool = False
+        self,
+        x: jax.Array,
+        mask: jax.Array,
+        *,
+        return_attention: bool = False,
+        rotary: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None).
+        rotary: the positions' (cos, sin) for a rotary model's self-attention (Stack.rotary)."""
         x, probs = residual(
             x,
-            lambda y: self.self_attention(y, y, mask, return_attention=return_attention),
+            lambda y: self.self_attention(
+                y, y, mask, return_attention=return_attention, rotary=rotary
+            ),
             self.self_attention_norm,
             self.dropout,
             self.pre_norm,
@@ -325,9 +428,9 @@ class EncoderLayer(nnx.Module):
 
 
 def write_cache(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    """Write `new` (N, g, L, d_k), the keys or the values of the L positions index..index+L-1
     (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
-    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    (N, g, max_steps, d_k) at those positions, and return the buffer as written: every
     position's keys or values, for the queries to attend (those not written yet are masked)."""
     # idiom: arrays are immutable: dynamic_update_slice returns a new buffer
     return jax.lax.dynamic_update_slice_in_dim(buffer, new, index, axis=2)
@@ -362,6 +465,7 @@ class DecoderLayer(nnx.Module):
         return_attention: bool = False,
         cache: dict[str, jax.Array] | None = None,
         index: jax.Array | None = None,
+        rotary: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
         """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
         (B, 1, 1, S). Returns (x, self-attention probabilities or None, cross-attention
@@ -375,17 +479,20 @@ class DecoderLayer(nnx.Module):
         (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
         keys and values from the cache, so `memory` is unused. The new cache is this layer's,
         with the buffers as written.
+
+        rotary: the (cos, sin) of x's positions (0..T-1, or index..index+L-1 when decoding) for a
+        rotary model's self-attention (Stack.rotary); its cache keeps the rotated keys.
         """
 
         def self_attention(y: jax.Array) -> tuple[jax.Array, tuple]:
             kv = None
             if cache is not None:
-                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
-                keys = write_cache(cache["self_key"], keys, index)  # (N, h, max_steps, d_k)
+                keys, values = self.self_attention.keys_values(y, rotary)  # (N, g, L, d_k) each
+                keys = write_cache(cache["self_key"], keys, index)  # (N, g, max_steps, d_k)
                 values = write_cache(cache["self_value"], values, index)
                 kv = keys, values
             out, probs = self.self_attention(
-                y, y, self_mask, return_attention=return_attention, kv=kv
+                y, y, self_mask, return_attention=return_attention, kv=kv, rotary=rotary
             )
             return out, (probs, kv)
 
@@ -482,6 +589,14 @@ class Stack(nnx.Module):
             return self.position_embedding[:length]
         return jnp.asarray(sinusoidal_positions(length, c.d_model, c.sinusoid_layout), dtype)
 
+    def _rotary_table(self, length: int, dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+        """rotary_positions' (cos, sin) of positions 0..length-1, (length, d_k / 2) each, in the
+        model's dtype, for any length (rotations extrapolate, as sinusoids do)."""
+        c = self.config
+        # idiom: computed for the length at hand, constants under jit (`length` is static)
+        cos, sin = rotary_positions(length, c.head_dim, c.rope_theta)
+        return jnp.asarray(cos, dtype), jnp.asarray(sin, dtype)
+
     def embed(
         self,
         ids: jax.Array,
@@ -492,7 +607,8 @@ class Stack(nnx.Module):
     ) -> jax.Array:
         """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
         (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
-        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        index), so that one compiled step serves every position. Rotary positions add no PE
+        here (the self-attentions rotate by Stack.rotary's rows). BERT's additions (Devlin et al.
         2019), when the config has them: row 0 of the segment table joins the sum (the models
         take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
         the sum before the dropout."""
@@ -502,17 +618,40 @@ class Stack(nnx.Module):
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         # rosetta: end
-        if start is None:
-            pe = self._position_table(ids.shape[1], table.dtype)  # (L, d)
-        else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
-            pe = self._position_table(c.max_len if max_steps is None else max_steps, table.dtype)
-            pe = jax.lax.dynamic_slice_in_dim(pe, start, ids.shape[1])  # (L, d)
-        x = x + pe[None]
+        if c.position_kind != "rotary":
+            if start is None:
+                pe = self._position_table(ids.shape[1], table.dtype)  # (L, d)
+            else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
+                rows = c.max_len if max_steps is None else max_steps
+                pe = self._position_table(rows, table.dtype)
+                pe = jax.lax.dynamic_slice_in_dim(pe, start, ids.shape[1])  # (L, d)
+            x = x + pe[None]
         if self.token_type_embedding is not None:
             x = x + self.token_type_embedding[0]  # (d,): every token is of type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x)
+
+    def rotary(
+        self,
+        length: int,
+        *,
+        start: jax.Array | None = None,
+        dtype: jnp.dtype,  # idiom: a module holds no dtype of its own: the table's is passed
+        max_steps: int | None = None,  # idiom: jit traces `start`; the table needs a static length
+    ) -> tuple[jax.Array, jax.Array] | None:
+        """Rotary positions (Su et al. 2021): the (cos, sin) of positions start..start+length-1,
+        (length, d_k / 2) each in the model's dtype, that every self-attention of the stack
+        rotates its queries and keys by; start None is 0, and a decoding step passes the cache's
+        index, as to `embed`. None when the config's positions are not rotary."""
+        c = self.config
+        if c.position_kind != "rotary":
+            return None
+        if start is None:
+            return self._rotary_table(length, dtype)
+        tables = self._rotary_table(c.max_len if max_steps is None else max_steps, dtype)
+        cos, sin = (jax.lax.dynamic_slice_in_dim(t, start, length) for t in tables)
+        return cos, sin  # (L, d_k/2) each
 
 
 class Encoder(Stack):
@@ -539,9 +678,11 @@ class Encoder(Stack):
         probabilities per layer or None, hidden states: the embedding output and every layer's
         output, before the final norm)."""
         x = self.embed(src, table=table)
+        # (cos, sin) of positions 0..S-1, or None
+        rotary = self.rotary(src.shape[1], dtype=table.dtype)
         attentions, hidden = [], [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, return_attention=return_attention)
+            x, probs = layer(x, mask, return_attention=return_attention, rotary=rotary)
             attentions.append(probs)
             hidden.append(x)
         if self.final_norm is not None:
@@ -578,10 +719,17 @@ class Decoder(Stack):
         (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
         cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in, table=table)
+        # (cos, sin) of positions 0..T-1, or None
+        rotary = self.rotary(tgt_in.shape[1], dtype=table.dtype)
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
             x, self_probs, cross_probs, _ = layer(
-                x, memory, self_mask, memory_mask, return_attention=return_attention
+                x,
+                memory,
+                self_mask,
+                memory_mask,
+                return_attention=return_attention,
+                rotary=rotary,
             )
             self_attentions.append(self_probs)
             if layer.cross_attention is not None:

@@ -6,9 +6,12 @@ name (("encoder", "layers", 0, "self_attention", "query", "kernel") is
 "encoder.layers.0.self_attention.query.kernel"). Nothing here lists a name: transformer_rosetta.spec.names derives
 them, and each load asserts that the model's paths and the canonical names are the same set.
 
-Layouts are canonical already: nnx.LinearGeneral keeps attention kernels as [d, h, k] and
-[h, k, d] with biases [h, k] and [d], nnx.Linear kernels are [in, out], nnx.LayerNorm has
-`scale` and `bias`, embeddings are [vocab, d]. So, unlike torch, nothing is transposed or packed.
+Layouts are canonical already: nnx.LinearGeneral keeps attention kernels as [d, heads, k] and
+[h, k, d] with biases [heads, k] and [d] (the key and value projections have num_kv_heads heads),
+nnx.Linear kernels are [in, out] (the gated feed-forward's `gate` too), nnx.LayerNorm has
+`scale` and `bias` and model.RMSNorm `scale` alone, embeddings are [vocab, d]; a bias the config
+leaves out (attention_bias, attention_output_bias, feed_forward_bias) is no nnx.Param at all. So,
+unlike torch, nothing is transposed or packed.
 
 float64 needs JAX's x64 mode. `x64_scope(dtype)` switches it on for a float64 model only, as a
 context manager (jax.enable_x64), so float32 users in the same process are not affected.

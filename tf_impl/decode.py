@@ -17,15 +17,17 @@ prompt's first P - 1 tokens in one pass (`prefill`); the search then feeds the l
 The cache is a plain nested dict of tensors, so it passes in and out of a `tf.function` as its
 arguments and results (the same entries as in torch_impl/ and jax_impl/, in each one's own
 container):
-- "layers": per decoder layer, "self_key" / "self_value" (N, h, max_steps, k), written at
-  "index" each step, and "cross_key" / "cross_value" (N, h, S, k) of the memory (left out in a
-  decoder-only model, as is "memory_mask");
+- "layers": per decoder layer, "self_key" / "self_value" (N, g, max_steps, k), written at
+  "index" each step (g = num_kv_heads, the key/value heads: grouped-query attention's smaller
+  cache; a rotary model's keys are kept rotated), and "cross_key" / "cross_value" (N, g, S, k)
+  of the memory (left out in a decoder-only model, as is "memory_mask");
 - "memory_mask" (N, 1, 1, S): the source padding mask, for cross-attention;
 - "key_valid" (N, max_steps) bool: which decoder keys may be attended (decoder_key_padding_mask:
   position 0 always, a later one iff its token is not pad_id; False beyond index, so causal);
 - "index": scalar int32 tensor (torch's is int64), the position the next step writes.
 
-Shapes: B source rows, N = B * beams decoding rows, S source length, h heads, k = d_k, V vocab.
+Shapes: B source rows, N = B * beams decoding rows, S source length, g key/value heads,
+k = d_k, V vocab.
 """
 
 from __future__ import annotations
@@ -69,12 +71,12 @@ def init_cache(model: Transformer, src: Any, beams: int, max_steps: int) -> Cach
     else:
         prompt = ops.repeat(src, beams, axis=0)  # (N, P), row r from prompt r // beams
         rows, positions = ops.shape(prompt)[0], ops.shape(prompt)[1] - 1 + max_steps
-    empty = ops.zeros((rows, c.num_heads, positions, c.head_dim), dtype=model.compute_dtype)
+    empty = ops.zeros((rows, c.kv_heads, positions, c.head_dim), dtype=model.compute_dtype)
     layers = []
     for layer in model.decoder.layers:
         entry = {"self_key": empty, "self_value": empty}
         if c.has_encoder:
-            cross_key, cross_value = layer.cross_attention.keys_values(memory)  # (N, h, S, k)
+            cross_key, cross_value = layer.cross_attention.keys_values(memory)  # (N, g, S, k)
             entry.update(cross_key=cross_key, cross_value=cross_value)
         layers.append(entry)
     cache = {
@@ -128,7 +130,10 @@ def _decode_positions(model: Transformer, tokens: Any, cache: Cache) -> tuple[An
     causal = ops.less_equal(ops.arange(max_steps, dtype="int32")[None, :], positions[:, None])
     self_mask = ops.logical_and(key_valid[:, None, None, :], causal[None, None])  # (N, 1, L, M)
     decoder = model.decoder
+    # Section 3.5: PE[index..], rows computed for these positions; rotary positions likewise
+    # continue from the prefix, index..index+L-1.
     x = decoder.embed(tokens, start=index, training=False)  # (N, L, d)
+    rotary = decoder.rotary(length, start=index)  # None unless rotary
     layers = []
     for layer, layer_cache in zip(decoder.layers, cache["layers"], strict=True):
         x, _, _, layer_cache = layer(
@@ -138,6 +143,7 @@ def _decode_positions(model: Transformer, tokens: Any, cache: Cache) -> tuple[An
             cache.get("memory_mask"),  # None in a decoder-only model: no cross-attention
             cache=layer_cache,
             index=index,
+            rotary=rotary,
             training=False,
         )
         layers.append(layer_cache)

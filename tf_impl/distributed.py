@@ -80,9 +80,9 @@ TENSOR_PARALLEL: dict[str, tuple[str | None, ...]] = {
     r".*attention/(query|key|value)/bias": ("model", None),
     # row parallel: each shard's heads give a partial sum of the output, all-reduced
     r".*attention/output/kernel": ("model", None, None),
-    # the feed-forward: W_1's columns (and b_1), then W_2's rows
-    r".*feed_forward/intermediate/kernel": (None, "model"),
-    r".*feed_forward/intermediate/bias": ("model",),
+    # the feed-forward: W_1's and W_gate's columns (and their biases), then W_2's rows
+    r".*feed_forward/(gate|intermediate)/kernel": (None, "model"),
+    r".*feed_forward/(gate|intermediate)/bias": ("model",),
     r".*feed_forward/output/kernel": ("model", None),
 }
 

@@ -85,6 +85,55 @@ def sinusoidal_positions(
     raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
+# idiom: rows computed in the graph for the positions at hand, as sinusoidal_positions does
+def rotary_positions(
+    length: int,
+    head_dim: int,
+    theta: float,
+    start: Any = None,  # idiom: a tensor position, so a compiled decode step does not retrace
+) -> tuple[Any, Any]:
+    """Rotary positions (Su et al. 2021, RoFormer, Eq. 15): the cosines and sines of
+    angle(pos, i) = pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1, for pos = 0 .. length - 1: two
+    tables (length, d_k / 2), for any length (rotations extrapolate past max_len, as sinusoids
+    do). docs/FORMAT.md, step 4a."""
+    # idiom: float64 as the Keras backend has it: Keras's JAX backend caps 64-bit types at
+    # float32 (tf_impl/distributed.py lifts the cap for a float64 model)
+    wide = keras.backend.result_type("float64")
+    pos = ops.arange(length, dtype=wide)[:, None]  # (L, 1)
+    if start is not None:  # a decode step: a tensor index, so a compiled step does not retrace
+        pos = pos + ops.cast(start, wide)
+    two_i = ops.arange(0, head_dim, 2, dtype=wide)[None, :]  # (1, d_k/2)
+    # theta a tensor of that dtype from the start: ops.cast would make a float32 tensor first
+    base = ops.convert_to_tensor(theta, dtype=wide)
+    angle = pos * ops.power(base, -two_i / head_dim)  # (L, d_k/2)
+    return ops.cos(angle), ops.sin(angle)
+
+
+def rotate(x: Any, cos: Any, sin: Any, layout: str) -> Any:
+    """Rotary positions (Su et al. 2021, Eq. 34): each pair (a, b) of a query's or key's
+    dimensions becomes (a cos - b sin, b cos + a sin), by its position's angle. x holds the
+    queries or keys of L positions, d_k per head, in the framework's head layout (its `# idiom:`
+    says which); cos and sin (L, d_k / 2), in x's dtype (rotary_positions' rows of x's positions).
+
+    "half_split" pairs dimension i with i + d_k/2 (Hugging Face's rotate_half); "interleaved"
+    pairs 2i with 2i + 1 (Meta's Llama, RoFormer). Any other layout is a ValueError."""
+    # idiom: heads after positions, x (B, L, heads, d_k) (EinsumDense's layout): the tables
+    # broadcast over the heads
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (L, 1, d_k/2)
+    half = x.shape[-1] // 2
+    if layout == "half_split":
+        a, b = x[..., :half], x[..., half:]
+    elif layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        raise ValueError(f"unknown rotary layout {layout!r}")
+    rotated_a, rotated_b = a * cos - b * sin, b * cos + a * sin
+    if layout == "half_split":
+        return ops.concatenate([rotated_a, rotated_b], axis=-1)
+    # 2i and 2i + 1 side by side again: (..., d_k/2, 2) -> (..., d_k)
+    return ops.reshape(ops.stack([rotated_a, rotated_b], axis=-1), ops.shape(x))
+
+
 # idiom: GELU written out rather than ops.gelu: on TensorFlow that is tf.nn.gelu, whose constants
 # pass through float32 (errors ~5e-9 in a float64 model)
 def _gelu(x: Any) -> Any:
@@ -102,6 +151,7 @@ ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
     "relu": ops.relu,  # Eq. (2): max(0, x)
     "gelu": _gelu,  # deviation, flagged (ported models): x Phi(x), the exact erf form
     "gelu_tanh": _gelu_tanh,  # GELU's tanh approximation
+    "silu": ops.silu,  # x sigmoid(x) (Elfwing et al. 2018), the gate of SwiGLU
 }
 
 
@@ -114,7 +164,19 @@ def statistics_dtype(dtype: Any) -> str:
 # -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, h, d_k): the layout of
+# keras.ops.dot_product_attention in Keras 3.15 repeats fewer key/value heads itself for
+# 1 < g < h, but on TensorFlow fails for g = 1 (multi-query: an einsum that does not broadcast a
+# head axis of 1); Keras's own GroupedQueryAttention repeats them (ops.repeat over the heads).
+# idiom: the key/value heads repeated before either attention path, as GroupedQueryAttention does
+def repeat_key_value_heads(x: Any, group: int) -> Any:
+    """Grouped-query attention (Ainslie et al. 2023; multi-query, Shazeer 2019, for one head):
+    the keys or values x (B, T_k, g, d_k) of g heads, each repeated for the `group` = h / g
+    consecutive query heads that read it, (B, T_k, h, d_k): query head n reads key/value head
+    n // group (Hugging Face's repeat_kv, a repeat_interleave)."""
+    return x if group == 1 else ops.repeat(x, group, axis=2)
+
+
+# idiom: heads after positions, q (B, T_q, h, d_k), k and v (B, T_k, g, d_k): the layout of
 # EinsumDense's projections and of keras.ops.dot_product_attention
 def explicit_attention(
     q: Any,
@@ -127,9 +189,11 @@ def explicit_attention(
     """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
     kept.
 
-    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
-    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
-    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    q holds the T_q queries of each of the h heads and k and v the T_k keys and values of each
+    of the g key/value heads, in the framework's head layout (its `# idiom:` says which); mask
+    broadcasts to (B, h, T_q, T_k); `dropout` drops probabilities before they weight the values.
+    Grouped-query attention (Ainslie et al. 2023; multi-query, Shazeer 2019, is g = 1): query
+    head n reads key/value head n // (h / g). Returns (context, in q's layout, probabilities
     (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
     (statistics_dtype), and the probabilities are rounded to q's dtype once.
 
@@ -137,6 +201,9 @@ def explicit_attention(
     which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
     a query with no allowed key (a fully padded source) gets a zero context.
     """
+    # idiom: each key/value head repeated for its h / g query heads (repeat_key_value_heads)
+    group = q.shape[2] // k.shape[2]
+    k, v = repeat_key_value_heads(k, group), repeat_key_value_heads(v, group)  # (B, T_k, h, d_k)
     scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
     wide = statistics_dtype(scores.dtype)
     scores = ops.cast(scores, wide)
@@ -151,15 +218,18 @@ def explicit_attention(
 
 def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
     """Eq. (1) by the framework's fused attention kernel, which never materialises the
-    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
-    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
-    here, as on the explicit path."""
+    probabilities: the context, in explicit_attention's layout, fewer key/value heads included.
+    The kernels disagree on a query with no allowed key (zeros, a uniform average of the values,
+    or NaN); it gets a zero context here, as on the explicit path."""
     # idiom: the kernel is keras.ops.dot_product_attention (XLA's on TensorFlow and JAX, SDPA on
     # torch)
     # 1/sqrt(d_k) is applied to q here, not passed as `scale`: the TF backend turns a Python
     # float scale into a float32 tensor, which costs float64 models ~1e-7, and the torch
     # backend takes no tensor scale.
     q = q / math.sqrt(q.shape[-1])
+    # idiom: the key/value heads repeated first (repeat_key_value_heads says why)
+    group = q.shape[2] // k.shape[2]
+    k, v = repeat_key_value_heads(k, group), repeat_key_value_heads(v, group)  # (B, T_k, h, d_k)
     context = ops.dot_product_attention(q, k, v, mask=mask, scale=1.0)
     has_key = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]  # (B, T_q or 1, 1, 1)
     return ops.where(has_key, context, ops.zeros_like(context))
@@ -171,9 +241,11 @@ def fused_attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
 def layer_norm(config: TransformerConfig, *, name: str, dtype: Any) -> layers.Layer:
     """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
     the paper's): population variance, eps inside the square root, statistics in float32 or
-    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm, "rms_norm" RMSNorm."""
     if config.norm_kind == "std_plus_eps":
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps, name=name, dtype=dtype)
+    if config.norm_kind == "rms_norm":
+        return RMSNorm(config.d_model, config.layer_norm_eps, name=name, dtype=dtype)
     # idiom: Keras's default epsilon is 1e-3 (a classic parity bug); its statistics are float32
     # for bfloat16 inputs
     return CentredLayerNormalization(epsilon=config.layer_norm_eps, name=name, dtype=dtype)
@@ -225,6 +297,32 @@ class StdPlusEpsNorm(layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "d_model": self.d_model, "eps": self.eps}
+
+
+# idiom: Keras's RMSNormalization multiplies the gain in float32 and rounds once; the spec
+# (Hugging Face's order) rounds the normalised value to the input dtype first
+class RMSNorm(layers.RMSNormalization):
+    """RMSNorm (Zhang & Sennrich 2019, Eq. 4): x / sqrt(mean(x^2) + eps) * scale, no mean
+    subtracted and no bias (docs/FORMAT.md, step 3). The statistics run in float32 or wider, and
+    the normalised x is rounded back to the input's dtype before the gain multiplies it
+    (Hugging Face's Llama: `weight * hidden.to(input_dtype)`). The gain carries the name of the
+    framework's own RMSNorm (its `# idiom:` says which)."""
+
+    def __init__(self, d_model: int, eps: float, **kwargs: Any) -> None:
+        # idiom: RMSNormalization's gain is `scale` (the canonical leaf), shaped in build()
+        super().__init__(epsilon=eps, **kwargs)
+        self.d_model, self.eps = d_model, eps
+
+    # idiom: Keras's normalisation (ops.rms_normalization: float32 or wider statistics, the
+    # result rounded to x's dtype), the gain multiplied after it in x's dtype (above)
+    def call(self, x: Any) -> Any:
+        normalised = ops.rms_normalization(x, axis=self.axis, epsilon=self.epsilon)
+        return normalised * ops.cast(self.scale, normalised.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        config = {**super().get_config(), "d_model": self.d_model, "eps": self.eps}
+        del config["axis"], config["epsilon"]  # this layer's arguments are d_model and eps
+        return config
 
 
 def residual(
@@ -286,8 +384,12 @@ class MultiHeadAttention(_ConfigLayer):
     (explicit_attention, fused_attention).
 
     The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
-    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
-    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
+    unless the config sets key_dim). Grouped-query attention (Ainslie et al. 2023; num_kv_heads
+    g < h, multi-query with g = 1, Shazeer 2019): W^K and W^V have g heads, each read by h / g
+    query heads. A self-attention of a rotary model is given its positions' (cos, sin) and
+    rotates its queries and keys (Su et al. 2021) after projecting them. Deviation, flagged: a
+    query with no allowed key (a fully padded source) gets all-zero probabilities and a zero
+    context, so its output is W^O's bias.
     """
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
@@ -299,12 +401,15 @@ class MultiHeadAttention(_ConfigLayer):
         bias = "nk" if c.attention_bias else None
         policy = self.dtype_policy
         shape = (None, c.num_heads, c.head_dim)
+        kv_shape = (None, c.kv_heads, c.head_dim)  # g key/value heads
         self.query = HeadProjection(
             "btd,dnk->btnk", shape, bias_axes=bias, name="query", dtype=policy
         )
-        self.key = HeadProjection("bsd,dnk->bsnk", shape, bias_axes=bias, name="key", dtype=policy)
+        self.key = HeadProjection(
+            "bsd,dnk->bsnk", kv_shape, bias_axes=bias, name="key", dtype=policy
+        )
         self.value = HeadProjection(
-            "bsd,dnk->bsnk", shape, bias_axes=bias, name="value", dtype=policy
+            "bsd,dnk->bsnk", kv_shape, bias_axes=bias, name="value", dtype=policy
         )
         # rosetta: end
         # idiom: `output` is a read-only property of every Keras layer, hence the longer
@@ -312,7 +417,7 @@ class MultiHeadAttention(_ConfigLayer):
         self.output_projection = HeadProjection(
             "btnk,nkd->btd",
             (None, c.d_model),
-            bias_axes="d" if c.attention_bias else None,
+            bias_axes="d" if c.output_projection_bias else None,
             name="output",
             dtype=policy,
         )
@@ -325,11 +430,14 @@ class MultiHeadAttention(_ConfigLayer):
         self.value.build(x_kv_shape)
         self.output_projection.build((None, None, self.config.num_heads, self.config.head_dim))
 
-    def keys_values(self, x_kv: Any) -> tuple[Any, Any]:
-        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
-        decode cache keeps (decode.py), in the same layout in every implementation."""
-        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
-        return ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))  # (B, h, T_k, d_k)
+    def keys_values(self, x_kv: Any, rotary: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+        """K W^K and V W^V of x_kv (B, T_k, d), split into the g key/value heads,
+        (B, g, T_k, d_k) each, the keys rotated when `rotary` (cos, sin) is given: what a decode
+        cache keeps (decode.py), in the same layout in every implementation."""
+        k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, g, d_k)
+        if rotary is not None:
+            k = rotate(k, *rotary, self.config.rotary_layout)
+        return ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))  # (B, g, T_k, d_k)
 
     def call(
         self,
@@ -339,19 +447,27 @@ class MultiHeadAttention(_ConfigLayer):
         *,
         return_attention: bool = False,
         kv: tuple[Any, Any] | None = None,
+        rotary: tuple[Any, Any] | None = None,
         training: bool | None = None,
     ) -> tuple[Any, Any]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
-        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        kv: keys and values already projected (keys_values), (B, g, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's, its keys already rotated). rotary: the
+        (cos, sin) of the query positions, (T_q, d_k / 2) each in the model's dtype (Stack.rotary),
+        for a self-attention of a rotary model, whose keys are at the same positions unless kv
+        is given; None rotates nothing. Returns (output (B, T_q, d), probabilities
         (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
         kernel, which never materialises them.
         """
         q = self.query(x_q)  # (B, T_q, h, d_k)
+        if rotary is not None:
+            q = rotate(q, *rotary, self.config.rotary_layout)
         if kv is None:
-            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, h, d_k)
-        else:  # the cache's (B, h, T_k, d_k), back to (B, T_k, h, d_k)
+            k, v = self.key(x_kv), self.value(x_kv)  # (B, T_k, g, d_k)
+            if rotary is not None:
+                k = rotate(k, *rotary, self.config.rotary_layout)
+        else:  # the cache's (B, g, T_k, d_k), back to (B, T_k, g, d_k)
             k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in kv)
         # rosetta: dropout
         # idiom: explicit also with live attention dropout (the fused kernel has none)
@@ -366,22 +482,36 @@ class MultiHeadAttention(_ConfigLayer):
 class FeedForward(_ConfigLayer):
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
     `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
-    its tanh approximation) instead of max(0, x) for ported models."""
+    its tanh approximation) or SiLU instead of max(0, x) for ported models; the gated
+    feed-forward (Shazeer 2020, GLU variants: SwiGLU with SiLU) (act(x W_gate + b_gate) *
+    (x W_1 + b_1)) W_2 + b_2, with W_gate and b_gate in `gate`; no biases without
+    feed_forward_bias (Llama)."""
 
     def __init__(self, config: TransformerConfig | dict, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        c = self.config
-        self.intermediate = layers.Dense(c.d_ff, name="intermediate", dtype=self.dtype_policy)
+        c, policy = self.config, self.dtype_policy
+        bias = c.feed_forward_bias
+        self.gate = (
+            layers.Dense(c.d_ff, use_bias=bias, name="gate", dtype=policy)
+            if c.gated_feed_forward
+            else None
+        )
+        self.intermediate = layers.Dense(c.d_ff, use_bias=bias, name="intermediate", dtype=policy)
         # idiom: `output` is a read-only property of every Keras layer (see MultiHeadAttention)
-        self.output_projection = layers.Dense(c.d_model, name="output", dtype=self.dtype_policy)
+        self.output_projection = layers.Dense(c.d_model, use_bias=bias, name="output", dtype=policy)
         self.activation = c.activation  # a key of ACTIVATIONS, looked up at each call
 
     def build(self, input_shape: tuple) -> None:
+        if self.gate is not None:
+            self.gate.build(input_shape)
         self.intermediate.build(input_shape)
         self.output_projection.build((*input_shape[:-1], self.config.d_ff))
 
     def call(self, x: Any) -> Any:
-        return self.output_projection(ACTIVATIONS[self.activation](self.intermediate(x)))
+        act = ACTIVATIONS[self.activation]
+        if self.gate is None:
+            return self.output_projection(act(self.intermediate(x)))
+        return self.output_projection(act(self.gate(x)) * self.intermediate(x))
 
 
 class EncoderLayer(_ConfigLayer):
@@ -410,13 +540,15 @@ class EncoderLayer(_ConfigLayer):
         mask: Any,
         *,
         return_attention: bool = False,
+        rotary: tuple[Any, Any] | None = None,
         training: bool | None = None,
     ) -> tuple[Any, Any]:
-        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None).
+        rotary: the positions' (cos, sin) for a rotary model's self-attention (Stack.rotary)."""
         x, probs = residual(
             x,
             lambda y: self.self_attention(
-                y, y, mask, return_attention=return_attention, training=training
+                y, y, mask, return_attention=return_attention, rotary=rotary, training=training
             ),
             self.self_attention_norm,
             self.dropout,
@@ -435,9 +567,9 @@ class EncoderLayer(_ConfigLayer):
 
 
 def write_cache(buffer: Any, new: Any, index: Any) -> Any:
-    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    """Write `new` (N, g, L, d_k), the keys or the values of the L positions index..index+L-1
     (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
-    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    (N, g, max_steps, d_k) at those positions, and return the buffer as written: every
     position's keys or values, for the queries to attend (those not written yet are masked)."""
     # idiom: tensors are immutable: ops.slice_update returns a new buffer
     return ops.slice_update(buffer, (0, 0, index, 0), new)
@@ -484,6 +616,7 @@ class DecoderLayer(_ConfigLayer):
         return_attention: bool = False,
         cache: dict[str, Any] | None = None,
         index: Any = None,
+        rotary: tuple[Any, Any] | None = None,
         training: bool | None = None,
     ) -> tuple[Any, Any, Any, dict[str, Any] | None]:
         """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
@@ -498,17 +631,26 @@ class DecoderLayer(_ConfigLayer):
         (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
         keys and values from the cache, so `memory` is unused. The new cache is this layer's,
         with the buffers as written.
+
+        rotary: the (cos, sin) of x's positions (0..T-1, or index..index+L-1 when decoding) for a
+        rotary model's self-attention (Stack.rotary); its cache keeps the rotated keys.
         """
 
         def self_attention(y: Any) -> tuple[Any, tuple]:
             kv = None
             if cache is not None:
-                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
-                keys = write_cache(cache["self_key"], keys, index)  # (N, h, max_steps, d_k)
+                keys, values = self.self_attention.keys_values(y, rotary)  # (N, g, L, d_k) each
+                keys = write_cache(cache["self_key"], keys, index)  # (N, g, max_steps, d_k)
                 values = write_cache(cache["self_value"], values, index)
                 kv = keys, values
             out, probs = self.self_attention(
-                y, y, self_mask, return_attention=return_attention, kv=kv, training=training
+                y,
+                y,
+                self_mask,
+                return_attention=return_attention,
+                kv=kv,
+                rotary=rotary,
+                training=training,
             )
             return out, (probs, kv)
 
@@ -615,7 +757,8 @@ class Stack(_ConfigLayer):
     def embed(self, ids: Any, *, start: Any = None, training: bool | None = None) -> Any:
         """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
         (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
-        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        index), so that one compiled step serves every position. Rotary positions add no PE
+        here (the self-attentions rotate by Stack.rotary's rows). BERT's additions (Devlin et al.
         2019), when the config has them: row 0 of the segment table joins the sum (the models
         take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
         the sum before the dropout."""
@@ -629,15 +772,29 @@ class Stack(_ConfigLayer):
         if self.position_embedding is not None:  # PE[start..start+L-1], looked up
             positions = ops.arange(length)  # (L,)
             pe = self.position_embedding(positions if start is None else positions + start)
-        else:  # the rows for the positions at hand, in float32 or wider
+            x = x + ops.cast(pe, x.dtype)[None]
+        elif c.position_kind == "sinusoidal":  # the rows for the positions at hand, in float32+
             table_dtype = statistics_dtype(self.compute_dtype)
             pe = sinusoidal_positions(length, c.d_model, c.sinusoid_layout, table_dtype, start)
-        x = x + ops.cast(pe, x.dtype)[None]
+            x = x + ops.cast(pe, x.dtype)[None]
+        # rotary positions add nothing here: the self-attentions rotate by Stack.rotary's rows
         if self.token_type_embedding is not None:
             x = x + ops.cast(self.token_type_embedding.embeddings[0], x.dtype)  # (d,): type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x, training=training)
+
+    # idiom: no max_steps: keras.ops computes the rows for a tensor start in the graph
+    def rotary(self, length: int, *, start: Any = None) -> tuple[Any, Any] | None:
+        """Rotary positions (Su et al. 2021): the (cos, sin) of positions start..start+length-1,
+        (length, d_k / 2) each in the model's dtype, that every self-attention of the stack
+        rotates its queries and keys by; start None is 0, and a decoding step passes the cache's
+        index, as to `embed`. None when the config's positions are not rotary."""
+        c = self.config
+        if c.position_kind != "rotary":
+            return None
+        tables = rotary_positions(length, c.head_dim, c.rope_theta, start)  # float64
+        return tuple(ops.cast(t, self.compute_dtype) for t in tables)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -675,9 +832,12 @@ class Encoder(Stack):
         probabilities per layer or None, hidden states: the embedding output and every layer's
         output, before the final norm)."""
         x = self.embed(src, training=training)
+        rotary = self.rotary(ops.shape(src)[1])  # None unless rotary
         attentions, hidden = [], [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, return_attention=return_attention, training=training)
+            x, probs = layer(
+                x, mask, return_attention=return_attention, rotary=rotary, training=training
+            )
             attentions.append(probs)
             hidden.append(x)
         if self.final_norm is not None:
@@ -717,6 +877,7 @@ class Decoder(Stack):
         (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
         cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in, training=training)
+        rotary = self.rotary(ops.shape(tgt_in)[1])  # None unless rotary
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
             x, self_probs, cross_probs, _ = layer(
@@ -725,6 +886,7 @@ class Decoder(Stack):
                 self_mask,
                 memory_mask,
                 return_attention=return_attention,
+                rotary=rotary,
                 training=training,
             )
             self_attentions.append(self_probs)

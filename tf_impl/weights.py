@@ -6,6 +6,11 @@ Keras leaf names differ from ours and are renamed by rule (LEAF_RENAMES). Keras'
 canonical one (EinsumDense kernels [d, h, k] and [h, k, d], Dense kernels [in, out]), so no
 tensor is transposed or packed, and every shape is still asserted.
 
+Today's tensors too: a gated feed-forward's `gate` Dense gives `{prefix}.feed_forward.gate.kernel`
+(and `.bias` with feed_forward_bias), an RMSNorm (Keras's RMSNormalization) keeps its gain as
+`scale` (already the canonical leaf) and has no bias, key and value kernels have the config's
+kv_heads heads, and a bias the config leaves out is never built.
+
 The family's tensors follow the same rule: a stack's "token_type_embedding" and
 "embedding_norm" layers give `{stack}.token_type_embedding` and `{stack}.embedding_norm.{scale,
 bias}`, and what a half lacks (a decoder-only model's encoder and cross-attention, an
@@ -169,7 +174,7 @@ def _layout_config(config: TransformerConfig) -> TransformerConfig:
         src_vocab_size=ids,
         tgt_vocab_size=ids,
         d_model=2 if config.key_dim is not None else 2 * config.num_heads,  # even, h divides it
-        key_dim=None if config.key_dim is None else 1,
+        key_dim=None if config.key_dim is None else 2,  # even: rotary positions rotate pairs
         d_ff=1,
         max_len=1,
         type_vocab_size=min(config.type_vocab_size, 1),

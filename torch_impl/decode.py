@@ -6,9 +6,11 @@ decoded never change, and cross-attention's keys and values are functions of the
 A step therefore projects only its new position and reads everything else from the cache.
 
 The cache holds, as the tf and jax caches do (their containers differ: a dataclass here):
-- `layers`, one entry per decoder layer: `self_key`, `self_value` (N, h, max_steps, d_k), a
-  buffer preallocated for every position and written one position per step; `cross_key`,
-  `cross_value` (N, h, S, d_k), the memory's keys and values, computed once;
+- `layers`, one entry per decoder layer: `self_key`, `self_value` (N, g, max_steps, d_k), a
+  buffer preallocated for every position and written one position per step (g = num_kv_heads,
+  the key/value heads: grouped-query attention's smaller cache; a rotary model's keys are kept
+  rotated); `cross_key`, `cross_value` (N, g, S, d_k), the memory's keys and values, computed
+  once;
 - `memory_mask` (N, 1, 1, S): the source padding (transformer_rosetta.spec.masks.cross_mask);
 - `key_valid` (N, max_steps) bool: which buffer positions are keys;
 - `index` () int64 (here; index_copy_ needs int64): the position the next step writes.
@@ -85,12 +87,12 @@ def init_cache(model: Transformer, src: Tensor, beams: int, max_steps: int) -> C
         memory_mask = key_padding_mask(src_rows, c.pad_id)  # (N, 1, 1, S)
         length = max_steps
         n, device, dtype = memory.shape[0], memory.device, memory.dtype
-    shape = (n, c.num_heads, length, c.head_dim)  # (N, h, length, d_k)
+    shape = (n, c.kv_heads, length, c.head_dim)  # (N, g, length, d_k)
     layers = []
     for layer in model.decoder.layers:
         cross_key = cross_value = None
         if memory is not None:
-            cross_key, cross_value = layer.cross_attention.keys_values(memory)  # (N, h, S, d_k)
+            cross_key, cross_value = layer.cross_attention.keys_values(memory)  # (N, g, S, d_k)
         layers.append(
             LayerCache(
                 self_key=torch.zeros(shape, dtype=dtype, device=device),
@@ -138,12 +140,20 @@ def _run_decoder(model: Transformer, tokens: Tensor, cache: Cache) -> tuple[Tens
     causal = torch.arange(max_steps, device=tokens.device) <= positions[:, None]  # (L, max_steps)
     self_mask = cache.key_valid[:, None, None, :] & causal  # (N, 1, L, max_steps)
 
-    # Section 3.5: PE[index..], read from a table of max_steps positions on the device.
+    # Section 3.5: PE[index..], read from a table of max_steps positions on the device; rotary
+    # positions likewise continue from the prefix, index..index+L-1.
     x = decoder.embed(tokens, start=index, max_steps=max_steps)  # (N, L, d)
+    rotary = decoder.rotary(tokens.shape[1], start=index, max_steps=max_steps)
     layers = []
     for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
         x, _, _, layer_cache = layer(
-            x, None, self_mask, cache.memory_mask, cache=layer_cache, index=index
+            x,
+            None,
+            self_mask,
+            cache.memory_mask,
+            cache=layer_cache,
+            index=index,
+            rotary=rotary,
         )
         layers.append(layer_cache)
     if decoder.final_norm is not None:

@@ -425,8 +425,9 @@ def _distribute(
 
 
 def no_forward_buffer_sync(ddp: type) -> dict[str, bool]:
-    """DDP's keyword that turns off the buffer broadcast before each forward: the only buffer is
-    the sinusoid table, a function of the config, equal on every rank.
+    """DDP's keyword that turns off the buffer broadcast before each forward: the only buffers
+    are the position tables (the sinusoids or the rotary cos and sin), functions of the config,
+    equal on every rank.
 
     torch 2.13 named it `forward_sync_buffers` and deprecated `broadcast_buffers`; older torch
     (pyproject allows >= 2.4; the GPU image has 2.11) knows only `broadcast_buffers`, which also

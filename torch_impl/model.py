@@ -8,7 +8,8 @@ Masks are boolean, True = may attend, built by the small pure functions below, w
 common/spec/masks.py, and shaped to broadcast against the scores (B, h, T_q, T_k).
 
 Shapes: B batch, S source length, T target length, L positions at hand, d = d_model, h heads,
-d_k = d / h (or the config's key_dim), V vocabulary.
+g key/value heads (num_kv_heads; h unless grouped), d_k = d / h (or the config's key_dim),
+V vocabulary.
 """
 
 from __future__ import annotations
@@ -77,10 +78,43 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> Tensor:
     raise ValueError(f"unknown sinusoid layout {layout!r}")
 
 
+# idiom: float64 tables, computed once (Stack keeps them as buffers, cast with the model) and
+# returned as a (cos, sin) pair, the two factors every rotation multiplies by
+def rotary_positions(length: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """Rotary positions (Su et al. 2021, RoFormer, Eq. 15): the cosines and sines of
+    angle(pos, i) = pos * theta^(-2i / d_k), i = 0 .. d_k/2 - 1, for pos = 0 .. length - 1: two
+    tables (length, d_k / 2), for any length (rotations extrapolate past max_len, as sinusoids
+    do). docs/FORMAT.md, step 4a."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, head_dim, 2, dtype=torch.float64)[None, :]  # (1, d_k/2)
+    angle = pos * torch.pow(float(theta), -two_i / head_dim)  # (L, d_k/2)
+    return angle.cos(), angle.sin()
+
+
+# idiom: heads before positions, x (B, heads, L, d_k): the (L, d_k/2) tables broadcast over
+# the batch and the heads
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """Rotary positions (Su et al. 2021, Eq. 34): each pair (a, b) of a query's or key's
+    dimensions becomes (a cos - b sin, b cos + a sin), by its position's angle. x holds the
+    queries or keys of L positions, d_k per head, in the framework's head layout (its `# idiom:`
+    says which); cos and sin (L, d_k / 2), in x's dtype (rotary_positions' rows of x's positions).
+
+    "half_split" pairs dimension i with i + d_k/2 (Hugging Face's rotate_half); "interleaved"
+    pairs 2i with 2i + 1 (Meta's Llama, RoFormer). Any other layout is a ValueError."""
+    if layout == "half_split":
+        a, b = x.chunk(2, dim=-1)  # (..., L, d_k/2) each
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    if layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    raise ValueError(f"unknown rotary layout {layout!r}")
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,  # Eq. (2): max(0, x)
     "gelu": F.gelu,  # deviation, flagged (ported models): x Phi(x), the exact erf form
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GELU's tanh approximation
+    "silu": F.silu,  # x sigmoid(x) (Elfwing et al. 2018), SwiGLU's gate (Llama)
 }
 
 
@@ -93,8 +127,8 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
 # -- attention (Eq. 1) ----------------------------------------------------------------------------
 
 
-# idiom: heads before positions, q (B, h, T_q, d_k), k and v (B, h, T_k, d_k): the layout that
-# F.scaled_dot_product_attention takes
+# idiom: heads before positions, q (B, h, T_q, d_k), k and v (B, g, T_k, d_k): the layout that
+# F.scaled_dot_product_attention takes, fewer key/value heads included (enable_gqa)
 def explicit_attention(
     q: Tensor,
     k: Tensor,
@@ -105,9 +139,11 @@ def explicit_attention(
     """Eq. (1), section 3.2.1, written out: softmax(Q K^T / sqrt(d_k)) V, with the probabilities
     kept.
 
-    q holds the T_q queries and k and v the T_k keys and values of each head, in the framework's
-    head layout (its `# idiom:` says which); mask broadcasts to (B, h, T_q, T_k); `dropout` drops
-    probabilities before they weight the values. Returns (context, in q's layout, probabilities
+    q holds the T_q queries of each of the h heads and k and v the T_k keys and values of each
+    of the g key/value heads, in the framework's head layout (its `# idiom:` says which); mask
+    broadcasts to (B, h, T_q, T_k); `dropout` drops probabilities before they weight the values.
+    Grouped-query attention (Ainslie et al. 2023; multi-query, Shazeer 2019, is g = 1): query
+    head n reads key/value head n // (h / g). Returns (context, in q's layout, probabilities
     (B, h, T_q, T_k), post-softmax and pre-dropout). The softmax runs in float32 or wider
     (statistics_dtype), and the probabilities are rounded to q's dtype once.
 
@@ -115,6 +151,11 @@ def explicit_attention(
     which makes a fully masked row NaN) and probabilities are zeroed where the mask is False, so
     a query with no allowed key (a fully padded source) gets a zero context.
     """
+    # Each key/value head repeated for its h / g query heads, as SDPA's enable_gqa defines it
+    # (Hugging Face's repeat_kv); a copy of g heads only when grouped.
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, ...)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
     scores = scores.to(statistics_dtype(scores.dtype))
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -131,11 +172,16 @@ def fused_attention(
     dropout_p: float = 0.0,  # idiom: SDPA applies attention dropout inside the kernel
 ) -> Tensor:
     """Eq. (1) by the framework's fused attention kernel, which never materialises the
-    probabilities: the context, in explicit_attention's layout. The kernels disagree on a query
-    with no allowed key (zeros, a uniform average of the values, or NaN); it gets a zero context
-    here, as on the explicit path."""
-    # idiom: the kernel is F.scaled_dot_product_attention (SDPA)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    probabilities: the context, in explicit_attention's layout, fewer key/value heads included.
+    The kernels disagree on a query with no allowed key (zeros, a uniform average of the values,
+    or NaN); it gets a zero context here, as on the explicit path."""
+    # idiom: the kernel is F.scaled_dot_product_attention (SDPA); enable_gqa (torch >= 2.5) takes
+    # the g key/value heads as they are, each serving h / g query heads, and is passed only when
+    # g < h, so that multi-head attention runs on every torch the package allows
+    grouped = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    context = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, **grouped
+    )
     # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
     # kernels (CUDA math/efficient) may return NaN, which `where` replaces too.
     has_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T_q or 1, 1)
@@ -148,9 +194,11 @@ def fused_attention(
 def layer_norm(config: TransformerConfig) -> nn.Module:
     """Ba et al. 2016 with the config's epsilon (each framework's default differs, and none is
     the paper's): population variance, eps inside the square root, statistics in float32 or
-    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm."""
+    wider for bfloat16 inputs. norm_kind "std_plus_eps" is StdPlusEpsNorm, "rms_norm" RMSNorm."""
     if config.norm_kind == "std_plus_eps":
         return StdPlusEpsNorm(config.d_model, config.layer_norm_eps)
+    if config.norm_kind == "rms_norm":
+        return RMSNorm(config.d_model, config.layer_norm_eps)
     # idiom: torch's default eps is 1e-5; its kernels keep float32 statistics for bfloat16
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
@@ -173,6 +221,26 @@ class StdPlusEpsNorm(nn.Module):
         y = x.to(statistics_dtype(x.dtype))
         y = (y - y.mean(-1, keepdim=True)) / (y.std(-1, keepdim=True) + self.eps)
         return (self.weight * y + self.bias).to(x.dtype)
+
+
+# idiom: not nn.RMSNorm: torch 2.13's rms_norm multiplies the gain in float32 and rounds once,
+# where Hugging Face's Llama (the spec's order) rounds the normalised x to bfloat16 first
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019, Eq. 4): x / sqrt(mean(x^2) + eps) * scale, no mean
+    subtracted and no bias (docs/FORMAT.md, step 3). The statistics run in float32 or wider, and
+    the normalised x is rounded back to the input's dtype before the gain multiplies it
+    (Hugging Face's Llama: `weight * hidden.to(input_dtype)`). The gain carries the name of the
+    framework's own RMSNorm (its `# idiom:` says which)."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))  # idiom: nn.RMSNorm's name for the scale
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x.to(statistics_dtype(x.dtype))
+        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
 
 
 def residual(
@@ -201,32 +269,44 @@ class MultiHeadAttention(nn.Module):
     (explicit_attention, fused_attention).
 
     The h per-head projections W^Q_i are one matrix of h * d_k columns (h * d_k is d_model
-    unless the config sets key_dim). Deviation, flagged: a query with no allowed key (a fully
-    padded source) gets all-zero probabilities and a zero context, so its output is W^O's bias.
+    unless the config sets key_dim). Grouped-query attention (Ainslie et al. 2023; num_kv_heads
+    g < h, multi-query with g = 1, Shazeer 2019): W^K and W^V have g heads, each read by h / g
+    query heads. A self-attention of a rotary model is given its positions' (cos, sin) and
+    rotates its queries and keys (Su et al. 2021) after projecting them. Deviation, flagged: a
+    query with no allowed key (a fully padded source) gets all-zero probabilities and a zero
+    context, so its output is W^O's bias.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        d, h, d_k, bias = config.d_model, config.num_heads, config.head_dim, config.attention_bias
+        d, h, d_k, g = config.d_model, config.num_heads, config.head_dim, config.kv_heads
+        bias = config.attention_bias
         self.h, self.d_k = h, d_k
         # rosetta: parameters
-        # idiom: nn.Linear keeps the h heads merged, a (h * d_k, d) weight; _split_heads splits them
+        # idiom: nn.Linear keeps the heads merged, a (heads * d_k, d) weight; _split_heads splits them
         self.query = nn.Linear(d, h * d_k, bias=bias)
-        self.key = nn.Linear(d, h * d_k, bias=bias)
-        self.value = nn.Linear(d, h * d_k, bias=bias)
-        self.output = nn.Linear(h * d_k, d, bias=bias)
+        self.key = nn.Linear(d, g * d_k, bias=bias)
+        self.value = nn.Linear(d, g * d_k, bias=bias)
+        self.output = nn.Linear(h * d_k, d, bias=config.output_projection_bias)
         # rosetta: end
         # idiom: a probability, not a module: SDPA applies attention dropout itself (dropout_p)
         self.attention_dropout = config.attention_dropout
+        self.rotary_layout = config.rotary_layout
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
-        return x.view(b, length, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+        return x.view(b, length, -1, self.d_k).transpose(1, 2)  # (B, heads, L, d_k)
 
-    def keys_values(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
-        """K W^K and V W^V of x_kv (B, T_k, d), split into heads, (B, h, T_k, d_k) each: what a
-        decode cache keeps (decode.py), in the same layout in every implementation."""
-        return self._split_heads(self.key(x_kv)), self._split_heads(self.value(x_kv))
+    def keys_values(
+        self, x_kv: Tensor, rotary: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """K W^K and V W^V of x_kv (B, T_k, d), split into the g key/value heads,
+        (B, g, T_k, d_k) each, the keys rotated when `rotary` (cos, sin) is given: what a decode
+        cache keeps (decode.py), in the same layout in every implementation."""
+        keys = self._split_heads(self.key(x_kv))
+        if rotary is not None:
+            keys = rotate(keys, *rotary, self.rotary_layout)
+        return keys, self._split_heads(self.value(x_kv))
 
     def forward(
         self,
@@ -236,16 +316,22 @@ class MultiHeadAttention(nn.Module):
         *,
         return_attention: bool = False,
         kv: tuple[Tensor, Tensor] | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x_q (B, T_q, d) attends x_kv (B, T_k, d) under mask (B, 1, T_q or 1, T_k).
 
-        kv: keys and values already projected (keys_values), (B, h, T_k, d_k) each, taken
-        instead of projecting x_kv (a decode cache's). Returns (output (B, T_q, d), probabilities
+        kv: keys and values already projected (keys_values), (B, g, T_k, d_k) each, taken
+        instead of projecting x_kv (a decode cache's, its keys already rotated). rotary: the
+        (cos, sin) of the query positions, (T_q, d_k / 2) each in the model's dtype (Stack.rotary),
+        for a self-attention of a rotary model, whose keys are at the same positions unless kv
+        is given; None rotates nothing. Returns (output (B, T_q, d), probabilities
         (B, h, T_q, T_k) or None): the explicit path when return_attention, otherwise the fused
         kernel, which never materialises them.
         """
         q = self._split_heads(self.query(x_q))  # (B, h, T_q, d_k)
-        k, v = self.keys_values(x_kv) if kv is None else kv  # (B, h, T_k, d_k) each
+        if rotary is not None:
+            q = rotate(q, *rotary, self.rotary_layout)
+        k, v = self.keys_values(x_kv, rotary) if kv is None else kv  # (B, g, T_k, d_k) each
         # rosetta: dropout
         p_drop = self.attention_dropout if self.training else 0.0
         # rosetta: end
@@ -263,16 +349,24 @@ class MultiHeadAttention(nn.Module):
 class FeedForward(nn.Module):
     """Eq. (2), section 3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with W_1 and b_1 in
     `intermediate` and W_2 and b_2 in `output`. Deviation, flagged: GELU (the exact erf form, or
-    its tanh approximation) instead of max(0, x) for ported models."""
+    its tanh approximation) or SiLU instead of max(0, x) for ported models; the gated
+    feed-forward (Shazeer 2020, GLU variants: SwiGLU with SiLU) (act(x W_gate + b_gate) *
+    (x W_1 + b_1)) W_2 + b_2, with W_gate and b_gate in `gate`; no biases without
+    feed_forward_bias (Llama)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.intermediate = nn.Linear(config.d_model, config.d_ff)  # W_1, b_1
-        self.output = nn.Linear(config.d_ff, config.d_model)  # W_2, b_2
+        d, f, bias = config.d_model, config.d_ff, config.feed_forward_bias
+        self.gate = nn.Linear(d, f, bias=bias) if config.gated_feed_forward else None  # W_gate
+        self.intermediate = nn.Linear(d, f, bias=bias)  # W_1, b_1
+        self.output = nn.Linear(f, d, bias=bias)  # W_2, b_2
         self.activation = config.activation  # a key of ACTIVATIONS, looked up at each call
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.output(ACTIVATIONS[self.activation](self.intermediate(x)))
+        act = ACTIVATIONS[self.activation]
+        if self.gate is None:
+            return self.output(act(self.intermediate(x)))
+        return self.output(act(self.gate(x)) * self.intermediate(x))
 
 
 class EncoderLayer(nn.Module):
@@ -289,12 +383,20 @@ class EncoderLayer(nn.Module):
         self.pre_norm = config.norm_position == "pre"
 
     def forward(
-        self, x: Tensor, mask: Tensor, *, return_attention: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor,
+        *,
+        return_attention: bool = False,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None)."""
+        """x (B, S, d) under mask (B, 1, 1, S) -> (x, self-attention probabilities or None).
+        rotary: the positions' (cos, sin) for a rotary model's self-attention (Stack.rotary)."""
         x, probs = residual(
             x,
-            lambda y: self.self_attention(y, y, mask, return_attention=return_attention),
+            lambda y: self.self_attention(
+                y, y, mask, return_attention=return_attention, rotary=rotary
+            ),
             self.self_attention_norm,
             self.dropout,
             self.pre_norm,
@@ -314,19 +416,20 @@ class EncoderLayer(nn.Module):
 # dict of arrays instead.
 @dataclasses.dataclass
 class LayerCache:  # idiom: a dataclass of buffers written in place, not a dict of arrays
-    """One decoder layer's keys and values, split into heads. A decoder-only model's layers have
-    no cross-attention: cross_key and cross_value are None."""
+    """One decoder layer's keys and values, split into the g key/value heads (grouped-query
+    attention's smaller cache). A decoder-only model's layers have no cross-attention: cross_key
+    and cross_value are None."""
 
-    self_key: Tensor  # (N, h, max_steps, d_k), position j written by step j
-    self_value: Tensor  # (N, h, max_steps, d_k)
-    cross_key: Tensor | None  # (N, h, S, d_k), K W^K of the memory
-    cross_value: Tensor | None  # (N, h, S, d_k)
+    self_key: Tensor  # (N, g, max_steps, d_k), position j written by step j, rotated if rotary
+    self_value: Tensor  # (N, g, max_steps, d_k)
+    cross_key: Tensor | None  # (N, g, S, d_k), K W^K of the memory
+    cross_value: Tensor | None  # (N, g, S, d_k)
 
 
 def write_cache(buffer: Tensor, new: Tensor, index: Tensor) -> Tensor:
-    """Write `new` (N, h, L, d_k), the keys or the values of the L positions index..index+L-1
+    """Write `new` (N, g, L, d_k), the keys or the values of the L positions index..index+L-1
     (L = 1 in a decoding step, the prompt's length in a prefill), into a decode cache's buffer
-    (N, h, max_steps, d_k) at those positions, and return the buffer as written: every
+    (N, g, max_steps, d_k) at those positions, and return the buffer as written: every
     position's keys or values, for the queries to attend (those not written yet are masked)."""
     # idiom: in place, index_copy_ at an index on the device: copying the max_steps buffer each
     # step would cost more than the step, and the index never goes back to the host
@@ -364,6 +467,7 @@ class DecoderLayer(nn.Module):
         return_attention: bool = False,
         cache: LayerCache | None = None,
         index: Tensor | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, LayerCache | None]:
         """x (B, T, d) over memory (B, S, d), under self_mask (B, 1, T, T) and memory_mask
         (B, 1, 1, S). Returns (x, self-attention probabilities or None, cross-attention
@@ -377,17 +481,20 @@ class DecoderLayer(nn.Module):
         (N, 1, L, max_steps) says which keys each may see); cross-attention reads the memory's
         keys and values from the cache, so `memory` is unused. The new cache is this layer's,
         with the buffers as written.
+
+        rotary: the (cos, sin) of x's positions (0..T-1, or index..index+L-1 when decoding) for a
+        rotary model's self-attention (Stack.rotary); its cache keeps the rotated keys.
         """
 
         def self_attention(y: Tensor) -> tuple[Tensor, tuple]:
             kv = None
             if cache is not None:
-                keys, values = self.self_attention.keys_values(y)  # (N, h, L, d_k) each
-                keys = write_cache(cache.self_key, keys, index)  # (N, h, max_steps, d_k)
+                keys, values = self.self_attention.keys_values(y, rotary)  # (N, g, L, d_k) each
+                keys = write_cache(cache.self_key, keys, index)  # (N, g, max_steps, d_k)
                 values = write_cache(cache.self_value, values, index)
                 kv = keys, values
             out, probs = self.self_attention(
-                y, y, self_mask, return_attention=return_attention, kv=kv
+                y, y, self_mask, return_attention=return_attention, kv=kv, rotary=rotary
             )
             return out, (probs, kv)
 
@@ -446,10 +553,16 @@ class Stack(nn.Module):
         self.embedding = (
             nn.Embedding(vocab_size, config.d_model) if embedding is None else embedding
         )
+        self.position_embedding = None
         if config.position_kind == "learned":
             self.position_embedding = nn.Embedding(config.max_len, config.d_model)
+        elif config.position_kind == "rotary":
+            # Buffers that stay out of the state_dict, as the sinusoids: the self-attentions
+            # rotate by these rows (Su et al. 2021); nothing is added to the embeddings.
+            cos, sin = rotary_positions(config.max_len, config.head_dim, config.rope_theta)
+            self.register_buffer("rotary_cos", cos, persistent=False)
+            self.register_buffer("rotary_sin", sin, persistent=False)
         else:
-            self.position_embedding = None
             # A buffer that stays out of the state_dict: a function of the config, not a weight.
             table = sinusoidal_positions(config.max_len, config.d_model, config.sinusoid_layout)
             self.register_buffer("sinusoid", table, persistent=False)
@@ -474,6 +587,16 @@ class Stack(nn.Module):
         # Sinusoids extrapolate (section 3.5): a longer table for this call only.
         return sinusoidal_positions(length, c.d_model, c.sinusoid_layout).to(self.sinusoid.device)
 
+    def _rotary_table(self, length: int) -> tuple[Tensor, Tensor]:
+        """rotary_positions' (cos, sin) of positions 0..length-1, (length, d_k / 2) each, in the
+        model's dtype, for any length (rotations extrapolate, as sinusoids do)."""
+        c = self.config
+        # idiom: the buffers' rows, or past max_len a longer table for this call only
+        if length <= self.rotary_cos.shape[0]:
+            return self.rotary_cos[:length], self.rotary_sin[:length]
+        cos, sin = rotary_positions(length, c.head_dim, c.rope_theta)
+        return cos.to(self.rotary_cos), sin.to(self.rotary_sin)
+
     def embed(
         self,
         ids: Tensor,
@@ -483,7 +606,8 @@ class Stack(nn.Module):
     ) -> Tensor:
         """Sections 3.4 and 3.5: Dropout(E[ids] * sqrt(d_model) + PE[start..start+L-1]),
         (B, L, d); start None is 0. A decoding step passes `start` as a tensor (the cache's
-        index), so that one compiled step serves every position. BERT's additions (Devlin et al.
+        index), so that one compiled step serves every position. Rotary positions add no PE
+        here (the self-attentions rotate by Stack.rotary's rows). BERT's additions (Devlin et al.
         2019), when the config has them: row 0 of the segment table joins the sum (the models
         take no segment ids, so every token is of type 0), and an embedding LayerNorm normalises
         the sum before the dropout."""
@@ -493,18 +617,39 @@ class Stack(nn.Module):
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         # rosetta: end
-        if start is None:
-            pe = self._position_table(ids.shape[1])  # (L, d)
-        else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
-            positions = start + torch.arange(ids.shape[1], device=ids.device)  # (L,)
-            pe = self._position_table(c.max_len if max_steps is None else max_steps)
-            pe = pe.index_select(0, positions)  # (L, d)
-        x = x + pe.to(x.dtype)
+        if c.position_kind != "rotary":
+            if start is None:
+                pe = self._position_table(ids.shape[1])  # (L, d)
+            else:  # PE[start..start+L-1], rows of a table of max_steps positions (default max_len)
+                positions = start + torch.arange(ids.shape[1], device=ids.device)  # (L,)
+                pe = self._position_table(c.max_len if max_steps is None else max_steps)
+                pe = pe.index_select(0, positions)  # (L, d)
+            x = x + pe.to(x.dtype)
         if self.token_type_embedding is not None:
             x = x + self.token_type_embedding.weight[0]  # (d,): every token is of type 0
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return self.dropout(x)
+
+    def rotary(
+        self,
+        length: int,
+        *,
+        start: Tensor | None = None,
+        max_steps: int | None = None,  # idiom: a static table length, so `start` stays on device
+    ) -> tuple[Tensor, Tensor] | None:
+        """Rotary positions (Su et al. 2021): the (cos, sin) of positions start..start+length-1,
+        (length, d_k / 2) each in the model's dtype, that every self-attention of the stack
+        rotates its queries and keys by; start None is 0, and a decoding step passes the cache's
+        index, as to `embed`. None when the config's positions are not rotary."""
+        c = self.config
+        if c.position_kind != "rotary":
+            return None
+        if start is None:
+            return self._rotary_table(length)
+        positions = start + torch.arange(length, device=start.device)  # (L,)
+        cos, sin = self._rotary_table(c.max_len if max_steps is None else max_steps)
+        return cos.index_select(0, positions), sin.index_select(0, positions)
 
 
 class Encoder(Stack):
@@ -523,9 +668,10 @@ class Encoder(Stack):
         probabilities per layer or None, hidden states: the embedding output and every layer's
         output, before the final norm)."""
         x = self.embed(src)
+        rotary = self.rotary(src.shape[1])  # (cos, sin) of positions 0..S-1, or None
         attentions, hidden = [], [x]
         for layer in self.layers:
-            x, probs = layer(x, mask, return_attention=return_attention)
+            x, probs = layer(x, mask, return_attention=return_attention, rotary=rotary)
             attentions.append(probs)
             hidden.append(x)
         if self.final_norm is not None:
@@ -558,10 +704,16 @@ class Decoder(Stack):
         (output (B, T, d), self and cross probabilities per layer or None, hidden states); the
         cross probabilities are an empty list when the layers have no cross-attention."""
         x = self.embed(tgt_in)
+        rotary = self.rotary(tgt_in.shape[1])  # (cos, sin) of positions 0..T-1, or None
         self_attentions, cross_attentions, hidden = [], [], [x]
         for layer in self.layers:
             x, self_probs, cross_probs, _ = layer(
-                x, memory, self_mask, memory_mask, return_attention=return_attention
+                x,
+                memory,
+                self_mask,
+                memory_mask,
+                return_attention=return_attention,
+                rotary=rotary,
             )
             self_attentions.append(self_probs)
             if layer.cross_attention is not None:

@@ -4,7 +4,7 @@ Why torch's exporter rather than a graph written by hand with onnx.helper or onn
 exported graph is this module's forward pass, traced by torch.export (dynamo=True) and translated
 op by op by onnxscript, so it cannot drift from the model the parity tests check; a hand-written
 graph would be a fifth implementation to keep equal. The exporter's optimiser folds constants
-(the sinusoid table, the causal mask's ones) and its graphs pass onnx.checker.
+(the sinusoid or rotary tables, the causal mask's ones) and its graphs pass onnx.checker.
 
 Three graphs, each a file of its own:
 - "forward": src (batch, src_len), tgt_in (batch, tgt_len) int64 -> logits (batch, tgt_len, V)
@@ -150,7 +150,7 @@ def export_graph(
             past = _flat(decode.init_cache(model, src, 1, steps))
         tokens = torch.full((2,), c.bos_id, dtype=torch.int64, device=device)
         args = (tokens, past)
-        # self_key, self_value (N, h, max_steps, d_k); cross_key, cross_value (N, h, S, d_k)
+        # self_key, self_value (N, g, max_steps, d_k); cross_key, cross_value (N, g, S, d_k)
         per_layer = [{0: batch}, {0: batch}, {0: batch, 2: src_len}, {0: batch, 2: src_len}]
         cache = per_layer * c.num_decoder_layers + [{0: batch, 3: src_len}, {0: batch}, {}]
         shapes = ({0: batch}, tuple(cache))

@@ -4,13 +4,19 @@ Every name comes from transformer_rosetta.spec.names; this file says only what i
 computes y = x W^T + b with W stored [out, in], while the canonical layout is y = x @ kernel + b:
 
     canonical                          shape            state_dict               shape
-    *.{query,key,value}.kernel         [d, h, d_k]      *.weight (merge, T)      [h*d_k, d]
-    *.{query,key,value}.bias           [h, d_k]         *.bias (merge)           [h*d_k]
+    *.query.kernel                     [d, h, d_k]      *.weight (merge, T)      [h*d_k, d]
+    *.{key,value}.kernel               [d, g, d_k]      *.weight (merge, T)      [g*d_k, d]
+    *.{query,key,value}.bias           [h or g, d_k]    *.bias (merge)           [h*d_k or g*d_k]
     *_attention.output.kernel          [h, d_k, d]      *.weight (merge, T)      [d, h*d_k]
     feed_forward.*.kernel              [in, out]        *.weight (T)             [out, in]
     output.kernel (untied)             [d, V]           output.weight (T)        [V, d]
-    *.scale (LayerNorm)                [d]              *.weight                 [d]
+    *.scale (LayerNorm, RMSNorm)       [d]              *.weight                 [d]
     embeddings                         [vocab, d]       *.weight                 [vocab, d]
+
+g is the key/value heads (num_kv_heads; h unless grouped-query). feed_forward.* is gate (the
+gated feed-forward's W_gate), intermediate and output. A bias the config leaves out (attention,
+output projection or feed-forward biases off; an RMSNorm's, which it never has) is in neither
+list: the nn.Linear is built with bias=False, and RMSNorm has a weight alone.
 
 Tied tensors are one Parameter under several state_dict keys: a shared embedding is
 encoder.embedding.weight and decoder.embedding.weight, a tied output is also output.weight.

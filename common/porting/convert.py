@@ -1,7 +1,8 @@
 """`rosetta convert`: move weights between the shared format, each framework's native checkpoint,
 and outside models (torch.nn.Transformer, Hugging Face Marian, the four tutorials' models of
-common/porting/tutorials.py, the decoder-only GPTs of common/porting/gpt.py, and a user's own
-model through a JSON map, common/porting/user_map.py).
+common/porting/tutorials.py, the decoder-only GPTs of common/porting/gpt.py, the Llama family of
+common/porting/llama.py and meta_llama.py, and a user's own model through a JSON map,
+common/porting/user_map.py).
 
 Every conversion reads and validates the whole source first (all problems at once), then writes
 atomically, and never overwrites the destination unless asked to. Framework files are read and
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, native_backend, tensor_reader
-from transformer_rosetta.errors import RosettaError, WeightFileError
+from transformer_rosetta.errors import ConfigError, RosettaError, WeightFileError
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
 from transformer_rosetta.files.safe_read import is_int, regular_file, shown
 from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
@@ -68,8 +69,8 @@ TABLE_KINDS = (
     "seed-gpt",  # encoder-gpt's first name (common/porting/gpt.py, KIND_ALIASES)
     "map",  # the user's own table: --map MAP.json
 )
-IMPORT_KINDS = ("nn-transformer", "marian", "bert", *TABLE_KINDS)
-EXPORT_KINDS = ("marian", "onnx")  # outside models that can be written
+IMPORT_KINDS = ("nn-transformer", "marian", "bert", "llama", "meta-llama", *TABLE_KINDS)
+EXPORT_KINDS = ("marian", "llama", "onnx")  # outside models that can be written
 EXPORT_ONLY_KINDS = ("onnx",)  # ... and that cannot be read
 KINDS = ("rosetta", *NATIVE_KINDS, *IMPORT_KINDS)
 SUFFIXES = {
@@ -140,14 +141,20 @@ def infer_source_kind(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").exists():
             from transformer_rosetta.porting.hf_folder import model_type_of
+            from transformer_rosetta.porting.llama import ARCHITECTURES
 
             model_type = model_type_of(path)  # any other is read as Marian, which names it
+            if model_type in ARCHITECTURES:  # llama, mistral, qwen2
+                return "llama"
             return model_type if model_type in ("gpt2", "bert") else "marian"
         if _holds_the_shared_format(path):
             return "rosetta"  # the shared format written in shards (save_weights' folder)
+        if (path / "params.json").exists():
+            return "meta-llama"  # Meta's layout: params.json and consolidated.NN.pth
         raise ConvertError(
-            f"{path}: a folder without config.json; --from marian, bert and gpt2 expect a "
-            f"Hugging Face model folder, and a sharded model of the shared format holds "
+            f"{path}: a folder without config.json; --from marian, bert, gpt2 and llama expect a "
+            f"Hugging Face model folder, --from meta-llama Meta's params.json and "
+            f"consolidated.NN.pth, and a sharded model of the shared format holds "
             f"{shards.INDEX_FILE} and shards whose metadata names the format"
         )
     if path.name.endswith(shards.INDEX_FILE):  # a sharded model, given by its index
@@ -258,6 +265,8 @@ def read_source(
             f"--learned-positions: only the tutorials' models and --map store a position table "
             f"to import as learned; --from {kind} has none"
         )
+    if kind in ("llama", "meta-llama"):
+        return _read_llama(path, kind, config, table, notes)
     if isinstance(config, Mapping):
         config = TransformerConfig.from_dict(dict(config))
     if kind == "rosetta":
@@ -314,6 +323,32 @@ def _read_gpt2_folder(
         raise ConvertError("--learned-positions: GPT-2's positions are learned already")
     given = config.to_dict() if isinstance(config, TransformerConfig) else config
     found = import_gpt2_folder(path, given)
+    if notes is not None:
+        notes.extend(found.notes)
+    return found.config, found.tensors
+
+
+def _read_llama(
+    path: Path,
+    kind: str,
+    config: TransformerConfig | Mapping[str, Any] | None,
+    table: Any,
+    notes: list[str] | None,
+) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """A Llama-family save_pretrained folder (common/porting/llama.py) or Meta's layout
+    (common/porting/meta_llama.py): --config may add what the files do not tell (pad_id; Meta's
+    bos_id and eos_id) and must agree with the rest."""
+    if table is not None:
+        raise ConvertError(f"--map applies to --from map, not to --from {kind}")
+    given = config.to_dict() if isinstance(config, TransformerConfig) else config
+    if kind == "llama":
+        from transformer_rosetta.porting.llama import import_llama_folder
+
+        found = import_llama_folder(path, given)
+    else:
+        from transformer_rosetta.porting.meta_llama import import_meta_llama
+
+        found = import_meta_llama(path, given)
     if notes is not None:
         notes.extend(found.notes)
     return found.config, found.tensors
@@ -388,6 +423,10 @@ def write_destination(
         from transformer_rosetta.porting.marian_export import write_marian_dir
 
         write_marian_dir(path, config, tensors)
+    elif kind == "llama":
+        from transformer_rosetta.porting.llama_export import write_llama_dir
+
+        write_llama_dir(path, config, tensors)
     elif kind == "onnx":
         from transformer_rosetta.porting.onnx_file import write_onnx
 
@@ -399,7 +438,7 @@ def write_destination(
 
 
 # The kinds whose files hold the provenance record (docs/FORMAT.md, "provenance").
-STAMPED_KINDS = ("rosetta", "marian", "onnx")
+STAMPED_KINDS = ("rosetta", "marian", "llama", "onnx")
 
 
 def convert(
@@ -459,13 +498,12 @@ def convert(
         # The folder and the layout's files already in it (no --force, no overwrite); the
         # shards this model takes are checked too once its size is known (below).
         dst = _check_shard_folder(dst, force, (src, *also_read))
-    elif to_kind == "marian":  # a folder of three files
+    elif to_kind in ("marian", "llama"):  # a folder of three files
         from transformer_rosetta.files.outputs import check_output_folder
-        from transformer_rosetta.porting.marian_export import EXPORT_FILES
+        from transformer_rosetta.porting import llama_export, marian_export
 
-        dst = check_output_folder(
-            dst, EXPORT_FILES, what="DST", force=force, inputs=(src, *also_read)
-        )
+        files = (marian_export if to_kind == "marian" else llama_export).EXPORT_FILES
+        dst = check_output_folder(dst, files, what="DST", force=force, inputs=(src, *also_read))
     else:
         dst = check_output_file(dst, what="DST", force=force, inputs=(src, *also_read))
     from_kind = from_kind or ("map" if table is not None else infer_source_kind(src))
@@ -473,7 +511,7 @@ def convert(
     if to_kind in IMPORT_KINDS and to_kind not in EXPORT_KINDS:
         raise ConvertError(
             f"--to {to_kind}: {to_kind} is import-only; write rosetta, torch, keras, flax, "
-            "marian or onnx"
+            "marian, llama or onnx"
         )
     if to_kind == "onnx" and not dst.name.lower().endswith(".onnx"):
         raise ConvertError(f"DST: {shown(dst)} should end in .onnx")
@@ -510,6 +548,12 @@ def convert(
             problems = export_problems(model_config, **_onnx_options(onnx))
             if problems:
                 raise ConvertError("; ".join(problems))
+        if to_kind == "llama":  # before any work on DST (write_llama_dir checks again)
+            from transformer_rosetta.porting.llama_export import export_problems as llama_problems
+
+            problems = llama_problems(model_config)
+            if problems:
+                raise ConfigError(problems)
         # Every kind stores about the tensors' bytes; a full disk mid-write can crash HDF5 outright.
         itemsize = np.dtype(DTYPES[dtype]).itemsize  # from the shapes: no tensor is looked at
         nbytes = itemsize * sum(
@@ -617,6 +661,9 @@ VERIFIED_BY_TESTS = {
     "gpt2": "--verify runs no transformers model; parity_tests/porting/test_gpt.py and "
     "cli/test_generate.py check GPT-2's import (state_dicts and save_pretrained folders) against "
     "GPT2LMHeadModel",
+    "meta-llama": "--verify runs no Meta code (its model.py needs fairscale and CUDA); "
+    "parity_tests/porting/test_meta_llama.py checks the import against transformers' "
+    "LlamaForCausalLM through Hugging Face's own conversion",
 }
 
 
@@ -650,7 +697,7 @@ def _stamp(
     if to_kind == "rosetta":
         carried = tokenizer_metadata(tokenizer) if tokenizer is not None else {}
         add_metadata(dst, {META_PROVENANCE: text, **carried})
-    elif to_kind == "marian":
+    elif to_kind in ("marian", "llama"):
         from transformer_rosetta.porting.hf_folder import SAFETENSORS_FILE
 
         add_metadata(dst / SAFETENSORS_FILE, {META_PROVENANCE: text})

@@ -1,4 +1,5 @@
-"""The one reader of a Hugging Face model folder, for every importer of one (Marian, BERT, GPT-2):
+"""The one reader of a Hugging Face model folder, for every importer of one (Marian, BERT, GPT-2,
+the Llama family):
 
 - the folder and its small JSON files (`read_json_file`), and the model_type its config.json
   names (`model_type_of`, for `rosetta convert`'s guess of --from);
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,9 @@ WEIGHT_FILES = (
 # The files beside the weights that a folder's digest covers: config.json, sentence-transformers'
 # modules and pooling, the tokenizer (vocab.txt, merges.txt, tokenizer.json, ...).
 DIGESTED_SUFFIXES = (".json", ".txt")
+# Meta's original Llama layout: params.json and one consolidated.NN.pth per model-parallel rank
+# (common/porting/meta_llama.py), digested in place of save_pretrained's weights.
+META_SHARDS = "consolidated.*.pth"
 
 # transformers' ACT2FN names -> ours. gelu_fast and gelu_accurate are the tanh form with
 # sqrt(2/pi) written as a constant (0.7978845608, 3e-12 off); gelu_python is the erf form.
@@ -141,6 +145,7 @@ class HfModel:
     hf_field: Mapping[str, str]  # our config field -> the key it comes from
     model_type_hint: str = ""  # what a wrong model_type may mean, after the expected one
     id_lists: bool = True  # a token id may be a one-id list (as generation configs write them)
+    activations: Mapping[str, str] = field(default_factory=lambda: ACTIVATIONS)  # ACT2FN -> ours
 
     def get(self, hf: Mapping[str, Any], key: str) -> Any:
         """`key` of config.json, or the config class's default where the file omits it."""
@@ -187,9 +192,10 @@ class HfModel:
         """Our activation for config.json's ACT2FN name under `key`; None (and a problem) for
         one the spec has not."""
         act = self.get(hf, key)
-        if act in ACTIVATIONS:
-            return ACTIVATIONS[act]
-        problems.append(f"{key}: {brief(act)} is not supported; allowed: {', '.join(ACTIVATIONS)}")
+        if act in self.activations:
+            return self.activations[act]
+        allowed = ", ".join(self.activations)
+        problems.append(f"{key}: {brief(act)} is not supported; allowed: {allowed}")
         return None
 
     def config(self, fields: dict[str, Any]) -> TransformerConfig:
@@ -302,15 +308,18 @@ def _is_regular(path: Path) -> bool:
 def digest_files(folder: Path) -> list[Path]:
     """The files a folder is read from, in order of their path in it: the weights (the one file,
     or the index and every shard it names) and every .json and .txt file of the folder and its
-    subfolders (config.json, sentence-transformers' modules and pooling, the tokenizer). Weights
-    in other formats (tf_model.h5, ...) are not read, and not listed; nor are hidden files or
-    anything that is not a regular file."""
+    subfolders (config.json, sentence-transformers' modules and pooling, the tokenizer); in a
+    folder of Meta's layout, params.json and its consolidated.NN.pth shards. Weights in other
+    formats (tf_model.h5, ...) are not read, and not listed; nor are hidden files or anything
+    that is not a regular file."""
     files: set[Path] = set()
     weights = weights_file(folder)
     if weights is not None:
         files.add(weights)
         if weights.name.endswith(INDEX_SUFFIX):
             files.update(folder / shard for shard in shard_map(folder, weights.name))
+    else:  # Meta's layout: every rank's shard
+        files.update(folder.glob(META_SHARDS))
     for root, dirs, names in os.walk(folder):  # links to folders are not followed
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in names:

@@ -54,6 +54,18 @@ def export_problems(c: TransformerConfig) -> list[str]:
         )
     if c.key_dim is not None and c.key_dim * c.num_heads != c.d_model:
         problems.append(f"key_dim: MarianMTModel's heads are d_model / heads wide, not {c.key_dim}")
+    if c.activation not in EXPORT_ACTIVATIONS:
+        problems.append(
+            f"activation: MarianMTModel's activation_function has no {c.activation!r}; allowed: "
+            + ", ".join(EXPORT_ACTIVATIONS)
+        )
+    if c.gated_feed_forward:
+        problems.append("gated_feed_forward: MarianMTModel's feed-forward has no gate (fc1, fc2)")
+    if c.kv_heads != c.num_heads:
+        problems.append(
+            f"num_kv_heads: MarianMTModel's attention has as many key/value heads as query heads "
+            f"({c.num_heads}), not {c.kv_heads}"
+        )
     if c.share_embeddings and not c.tie_output:
         problems.append(
             "share_embeddings: transformers 5 shares Marian's embedding only together with "
@@ -110,12 +122,15 @@ def canonical_to_marian(
 ) -> dict[str, np.ndarray]:
     """MarianMTModel's state dict (the names save_pretrained writes) from canonical tensors. A
     bias the config does not have is written as zeros: q/k/v/output biases without
-    attention_bias, final_logits_bias without output_bias."""
+    attention_bias (or attention_output_bias), fc1/fc2 biases without feed_forward_bias,
+    final_logits_bias without output_bias."""
     problems = export_problems(c)
     if problems:
         raise ConfigError(problems)
     # Marian always has the biases: take the config that has them, with zeros where ours has none.
-    held = c.replace(attention_bias=True, output_bias=True)
+    held = c.replace(
+        attention_bias=True, attention_output_bias=None, output_bias=True, feed_forward_bias=True
+    )
     full = dict(tensors)
     dtype = np.asarray(next(iter(tensors.values()))).dtype
     for spec in canonical_specs(held):

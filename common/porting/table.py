@@ -129,6 +129,18 @@ def _zero_pad_row(a: np.ndarray, spec: TensorSpec, c: TransformerConfig) -> np.n
     return out
 
 
+def _rotary_pairs(a: np.ndarray, spec: TensorSpec, split: bool) -> np.ndarray:
+    """Axis 0 of a query's or key's [heads * d_k, ...] source (an [out, in] weight or a bias),
+    reordered within each head between Meta's interleaved rotary pairs (2i, 2i + 1) and the
+    half-split ones (i, i + d_k/2) of Hugging Face's rotate_half; the heads and d_k are the
+    canonical spec's last two axes ([d, heads, d_k] or [heads, d_k]). `split` is Hugging Face's
+    convert_llama_weights_to_hf.py permute(w, n_heads, dim1, dim2) = w.view(n_heads,
+    dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2); not `split`, its inverse."""
+    heads, d_k = spec.shape[-2:]
+    pairs = (heads, d_k // 2, 2) if split else (heads, 2, d_k // 2)
+    return a.reshape(*pairs, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+
 STEPS: dict[str, Step] = {
     "transpose": Step(
         "transpose",
@@ -150,6 +162,16 @@ STEPS: dict[str, Step] = {
         lambda shape, spec: shape,
         _zero_pad_row,
     ),
+    # Meta's Llama rotates interleaved pairs; the same rows reordered per head rotate the same
+    # pairs in the half-split layout (common/porting/meta_llama.py). Query and key only.
+    "rotary_permute": Step(
+        "rotary_permute",
+        "rows permuted per head from interleaved rotary pairs (2i, 2i+1) to half-split ones "
+        "(i, i + d_k/2) (Hugging Face's permute)",
+        lambda shape, spec: shape,
+        lambda a, spec, c: _rotary_pairs(a, spec, split=True),
+        lambda a, spec: _rotary_pairs(a, spec, split=False),
+    ),
 }
 # Steps with an argument: "split:K/N" (block K of N along axis 0), "columns:K/N" (along axis 1),
 # "squeeze:A", "scale:F".
@@ -162,7 +184,7 @@ _ARGUMENT_STEPS = {
     "squeeze": (re.compile(r"(\d+)"), "squeeze:A (drop axis A, of size 1)"),
     "scale": (re.compile(r"([-+0-9.eE]+)"), "scale:F (multiply by the number F)"),
 }
-STEP_HELP = ["transpose", "heads", "zero_pad_row", *(help for _, help in _ARGUMENT_STEPS.values())]
+STEP_HELP = [*STEPS, *(help for _, help in _ARGUMENT_STEPS.values())]
 
 
 def parse_step(text: Any) -> Step:

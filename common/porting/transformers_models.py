@@ -1,5 +1,5 @@
-"""transformers' own models, run on our probes: the other side of `convert --verify` for a Marian
-or a BERT folder (common/porting/verify.py).
+"""transformers' own models, run on our probes: the other side of `convert --verify` for a Marian,
+a BERT or a Llama-family folder (common/porting/verify.py).
 
 This is the one module of the framework-free core that imports a framework. transformers' models
 are torch modules, and loading and running them is neither the torch implementation's concern
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BertModel, MarianMTModel
+from transformers import AutoModelForCausalLM, BertModel, MarianMTModel, PreTrainedModel
 
 
 def load_bert(folder: str | Path) -> BertModel:
@@ -55,5 +55,24 @@ def marian_logits(model: MarianMTModel, src: np.ndarray, tgt_in: np.ndarray) -> 
             attention_mask=torch.from_numpy((src != pad).astype(np.int64)),
             decoder_input_ids=torch.from_numpy(tgt_in),
             decoder_attention_mask=torch.from_numpy(decoder_mask.astype(np.int64)),
+        )
+    return out.logits.numpy()
+
+
+def load_causal_lm(folder: str | Path) -> PreTrainedModel:
+    """transformers' causal language model of a folder (LlamaForCausalLM, MistralForCausalLM,
+    Qwen2ForCausalLM), in eval mode, in float32."""
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def causal_lm_logits(model: PreTrainedModel, tgt_in: np.ndarray, pad_id: int) -> np.ndarray:
+    """The model's logits (B, T, V) with our mask: the keys holding pad_id masked, except position
+    0 (the spec's decoder never masks it), positions 0 .. T-1 in every row (pads included)."""
+    mask = tgt_in != pad_id
+    mask[:, 0] = True
+    with torch.inference_mode():
+        out = model(
+            input_ids=torch.from_numpy(np.asarray(tgt_in, np.int64)),
+            attention_mask=torch.from_numpy(mask.astype(np.int64)),
         )
     return out.logits.numpy()

@@ -10,8 +10,8 @@ ONNX metadata_props; docs/FORMAT.md), with the source file's sha256 and the vers
 
 The runtimes: our .safetensors -> the float64 oracle; torch, keras, flax checkpoints -> their own
 framework; a Marian folder -> transformers' MarianMTModel; a BERT folder -> transformers'
-BertModel (its hidden states, pooled by the spec's formula); an ONNX forward graph ->
-onnxruntime. The outside models' own code (nn.Transformer wrappers, the tutorials, a --map
+BertModel (its hidden states, pooled by the spec's formula); a Llama, Mistral or Qwen2 folder ->
+transformers' AutoModelForCausalLM; an ONNX forward graph -> onnxruntime. The outside models' own code (nn.Transformer wrappers, the tutorials, a --map
 model) is the user's, not ours to run: their conversions record the provenance without a
 verification, and say why.
 """
@@ -203,11 +203,11 @@ def why_not_runnable(kind: str, graph: str | None = None) -> str | None:
     if kind in NATIVE_BACKENDS:
         reason = unavailable_reason(NATIVE_BACKENDS[kind])
         return None if reason is None else f"{kind}: {reason}"
-    if kind in ("marian", "bert"):
+    if kind in ("marian", "bert", "llama"):
         reason = unavailable_reason("torch")
         if reason is None and importlib.util.find_spec("transformers") is None:
             reason = "transformers not installed"
-        folder = "a Marian" if kind == "marian" else "a BERT"
+        folder = {"marian": "a Marian", "bert": "a BERT", "llama": "a Llama"}[kind]
         return None if reason is None else f"{folder} folder runs in transformers: {reason}"
     if kind == "onnx":
         if graph not in (None, "forward"):
@@ -286,6 +286,24 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
             bert_outputs,
             {"transformers": version, "torch": package_version("torch")},
             full_rows_only=kind in FULL_ROWS_ONLY,
+        )
+    if kind == "llama":
+        from transformer_rosetta.porting import transformers_models
+
+        causal_lm = transformers_models.load_causal_lm(path)
+        version = package_version("transformers")
+        architecture = type(causal_lm).__name__
+
+        def llama_logits(_src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
+            # A decoder-only model: the probes give it tgt (and src None).
+            assert tgt is not None
+            return transformers_models.causal_lm_logits(causal_lm, tgt, config.pad_id)
+
+        return Runner(
+            f"transformers {version} {architecture} (float32)",
+            "float32",
+            llama_logits,
+            {"transformers": version, "torch": package_version("torch")},
         )
     if kind == "onnx":
         from transformer_rosetta.adapter.onnx_backend import session

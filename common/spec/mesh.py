@@ -84,7 +84,8 @@ def mesh_problems(
 ) -> list[str]:
     """Every reason `mesh` cannot run `config` (at global batch `batch` rows, on `devices`
     devices), named, before anything starts. The model axis splits the attention heads and the
-    feed-forward's inner width (Megatron-style tensor parallelism), so both must divide."""
+    feed-forward's inner width (Megatron-style tensor parallelism), so both must divide, and so
+    must the key/value heads of grouped-query attention."""
     problems = []
     if batch is not None and batch % mesh.data:
         problems.append(f"the batch of {batch} rows does not divide over data={mesh.data} replicas")
@@ -92,6 +93,10 @@ def mesh_problems(
         if config.num_heads % mesh.model:
             problems.append(
                 f"num_heads={config.num_heads} does not divide over model={mesh.model} shards"
+            )
+        if config.kv_heads != config.num_heads and config.kv_heads % mesh.model:
+            problems.append(
+                f"num_kv_heads={config.kv_heads} does not divide over model={mesh.model} shards"
             )
         if config.d_ff % mesh.model:
             problems.append(f"d_ff={config.d_ff} does not divide over model={mesh.model} shards")

@@ -16,13 +16,24 @@ The file-order statement of FORMAT.md ("Order inside the file") is checked on th
 on a fresh save, and on a hand-written file in another order.
 
 The bound. The doc forward and the oracle do the same float64 operations, in nearly the same
-order. Values are O(1) (|logits| <= 3.1). Rounding costs a few ulps per stage (2.2e-16
+order. Values are O(1) (|logits| <= 4.2). Rounding costs a few ulps per stage (2.2e-16
 relative), over about 30 stages in 2 + 2 layers, so about 1e-14 at worst. We measured
 max |diff| <= 2.2e-15 over every array of the three vectors (post_ln_shared 2.2e-15,
 pre_ln_untied 1.1e-15, post_ln_tied_concat 1.8e-15; the halves gpt_decoder_only 1.3e-15,
-bert_encoder_only 1.3e-15). FORMAT_ATOL = 1e-12 leaves more than two
+bert_encoder_only 1.3e-15; today's decoders llama_decoder_only 1.8e-15, qwen_interleaved_mqa
+1.6e-15, both in their logits). FORMAT_ATOL = 1e-12 leaves more than two
 orders of headroom over the estimate. The smallest effect of a wrong alternative is 1.6e-6 (eps
-outside the square root, post_ln_tied_concat). CHOICE_MATTERS = 1e-8 sits between the two.
+outside the square root, post_ln_tied_concat); of today's parts (TODAY_ALTERNATIVES) 3.8e-5
+(RMSNorm's eps outside the square root, llama_decoder_only), then 3.4e-4 (GeGLU's gelu_tanh
+read as gelu). CHOICE_MATTERS = 1e-8 sits between the two.
+
+Today's decoders (steps 3, 4, 4a and 5 of FORMAT.md: RMSNorm, grouped key/value heads, the
+output bias of its own, rotary positions, silu and the gated feed-forward) have two vectors:
+llama_decoder_only (the preset tiny_llama) and qwen_interleaved_mqa (an encoder-decoder, so that
+the encoder's self-attention is rotated and the cross-attention is not). The cached-decoding
+statement of step 4a (positions continue from the prompt) is read through its equivalent in one
+forward (`rotary_positions`); that rotary positions enter through their differences only is
+checked by shifting them all.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from transformer_rosetta.weights.format import load_weights, save_weights
 FORMAT_MD = ROOT / "docs" / "FORMAT.md"
 NAMES = ["post_ln_shared", "pre_ln_untied", "post_ln_tied_concat", "pre_std_plus_eps_key_dim"]
 HALVES = ["gpt_decoder_only", "bert_encoder_only"]  # "The three kinds"
+TODAY = ["llama_decoder_only", "qwen_interleaved_mqa"]  # today's decoders: steps 3, 4, 4a, 5
 FORMAT_ATOL = 1e-12  # see the module docstring: measured 2.2e-15
 CHOICE_MATTERS = 1e-8  # every wrong alternative moves the logits by more (smallest: 1.6e-6)
 
@@ -80,6 +92,38 @@ class Reading:
     segment_row: int = 0  # 2: every token is of segment 0 (1 is wrong)
     embedding_norm_first: bool = False  # 2: the embedding norm follows the sum (True: E only)
     pool_pads: bool = False  # 9: mean pooling over real tokens only (True: every position)
+    # Today's parts. 3: RMSNorm subtracts no mean ("rms_subtract_mean" is wrong) and its gain is
+    # `scale`, not 1 + scale (Gemma's: rms_gain_offset 1.0 is wrong); the two LayerNorm
+    # switches above read its mean square and eps the wrong way too.
+    rms_subtract_mean: bool = False
+    rms_gain_offset: float = 0.0
+    # 4: query head n reads key/value head n // (h/g) ("n % g", a tile, is wrong); the output
+    # bias follows attention_output_bias ("attention_bias" is wrong).
+    kv_head: str = "n // (h/g)"
+    output_bias_follows: str = "attention_output_bias"
+    # 4a: rotary. The configured layout (True: the other one); theta(i) = rope_theta^(-2i/d_k)
+    # ("d_model" or "d_model/h" for d_k, exponent "i" for 2i are wrong); (a, b) -> (a cos - b sin,
+    # b cos + a sin) (rotation_sign -1, the transposed rotation, is wrong); Q and K after their
+    # biases (True: before), V not rotated; every self-attention (encoder too) and never the
+    # cross-attention.
+    rotary_layout_swapped: bool = False
+    rotary_d: str = "d_k"
+    rotary_exponent: str = "2i"
+    rotation_sign: int = 1
+    rotate_before_bias: bool = False
+    rotate_values: bool = False
+    rotate_encoder: bool = True
+    rotate_cross: bool = False
+    # 4a: pads take positions like any token ("after_real": Hugging Face generate's position_ids,
+    # cumsum(mask) - 1 with every pad at 1, is wrong); cached decoding continues the positions
+    # from the prompt (restart_after = P > 0: the fed tokens restart at 0 after a prompt of P,
+    # is wrong; see rotary_positions).
+    pad_positions: str = "index"
+    restart_after: int = 0
+    # 5: the gate's activation, not the intermediate's ("intermediate" is wrong); silu is
+    # x sigmoid(x), beta 1 (1.702, QuickGELU's x sigmoid(1.702 x), is wrong).
+    gated_activation_on: str = "gate"
+    silu_beta: float = 1.0
 
 
 DOC = Reading()
@@ -96,9 +140,16 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def silu(x: np.ndarray, beta: float = 1.0) -> np.ndarray:
+    """silu(x) = x sigmoid(x) = x / (1 + exp(-x)) (step 5; Swish with beta = 1)."""
+    return x / (1.0 + np.exp(-beta * x))
+
+
 def act(name: str, x: np.ndarray, r: Reading) -> np.ndarray:
     if name == "relu":
         return np.maximum(x, 0.0)
+    if name == "silu":
+        return silu(x, r.silu_beta)
     if r.swap_gelu:
         name = {"gelu": "gelu_tanh", "gelu_tanh": "gelu"}[name]
     return gelu_erf(x) if name == "gelu" else gelu_tanh(x)
@@ -114,6 +165,51 @@ def sinusoids(positions: np.ndarray, d: int, layout: str, d_eq: int) -> np.ndarr
     else:  # concatenated
         table[:, : d // 2], table[:, d // 2 :] = np.sin(angle), np.cos(angle)
     return table
+
+
+def rotary_positions(ids: np.ndarray, c: TransformerConfig, r: Reading) -> np.ndarray:
+    """[B, L] positions of step 4a: each token's index in its row, pads included.
+
+    restart_after = P reads "In cached decoding the positions continue from the prefix" the
+    wrong way: the prompt's P tokens at 0 .. P-1, then the tokens fed one at a time restart at
+    0, 1, ... A cached decoder rotates each fed token once, at its position, as a query and as
+    the key the cache keeps (step 4a), and its self-attention is causal, so the step feeding
+    token j computes what row j of one forward over the whole row does with these positions."""
+    b, length = ids.shape
+    pos = np.broadcast_to(np.arange(length) + r.position_start, (b, length)).copy()
+    if r.pad_positions == "after_real":
+        real = ids != c.pad_id
+        pos = np.where(real, np.cumsum(real, axis=1) - 1, 1) + r.position_start
+    if r.restart_after:
+        pos[:, r.restart_after :] = np.arange(length - r.restart_after) + r.position_start
+    return pos
+
+
+def rotate(x: np.ndarray, pos: np.ndarray, c: TransformerConfig, r: Reading) -> np.ndarray:
+    """Step 4a on x [B, heads, L, d_k] at positions pos [B, L]: theta(i) = rope_theta^(-2i/d_k),
+    angle = pos * theta(i), pair i (a, b) -> (a cos - b sin, b cos + a sin), the pair chosen by
+    rotary_layout."""
+    d_k = x.shape[-1]
+    half = d_k // 2
+    i = np.arange(half, dtype=np.float64)
+    d_eq = {"d_k": d_k, "d_model": c.d_model, "d_model/h": c.d_model // c.num_heads}[r.rotary_d]
+    power = 2.0 * i if r.rotary_exponent == "2i" else i
+    theta = float(c.rope_theta) ** (-power / d_eq)
+    angle = pos.astype(np.float64)[:, None, :, None] * theta  # [B, 1, L, d_k/2]
+    cos, sin = np.cos(angle), r.rotation_sign * np.sin(angle)
+    layout = c.rotary_layout
+    if r.rotary_layout_swapped:
+        layout = {"half_split": "interleaved", "interleaved": "half_split"}[layout]
+    pair_a, pair_b = (
+        (slice(0, half), slice(half, d_k))
+        if layout == "half_split"
+        else (slice(0, None, 2), slice(1, None, 2))
+    )
+    a, b = x[..., pair_a], x[..., pair_b]
+    out = np.empty_like(x)
+    out[..., pair_a] = a * cos - b * sin
+    out[..., pair_b] = b * cos + a * sin
+    return out
 
 
 def doc_forward(
@@ -136,10 +232,20 @@ def doc_forward(
         return x * (rng.random(x.shape) >= r.train_dropout) / (1.0 - r.train_dropout)
 
     # 3. LayerNorm: biased variance, eps inside the square root; norm_kind "std_plus_eps":
-    # unbiased, eps added to the std.
+    # unbiased, eps added to the std; "rms_norm": the mean square, eps inside, scale alone.
     std_plus_eps = c.norm_kind == "std_plus_eps"
 
+    def rms(x: np.ndarray, name: str) -> np.ndarray:
+        if r.rms_subtract_mean:
+            x = x - x.mean(axis=-1, keepdims=True)
+        ms = (x**2).sum(axis=-1, keepdims=True) / (d - 1 if r.unbiased_variance else d)
+        eps = c.layer_norm_eps
+        denom = np.sqrt(ms) + eps if r.eps_outside_sqrt else np.sqrt(ms + eps)
+        return (w[f"{name}.scale"] + r.rms_gain_offset) * x / denom
+
     def ln(x: np.ndarray, name: str) -> np.ndarray:
+        if c.norm_kind == "rms_norm":
+            return rms(x, name)
         mean = x.mean(axis=-1, keepdims=True)
         dev = x - mean
         unbiased = std_plus_eps != r.unbiased_variance
@@ -158,6 +264,8 @@ def doc_forward(
         if c.position_kind == "sinusoidal":
             d_eq = d if r.sinusoid_d == "d_model" else d_k
             p = sinusoids(positions, d, c.sinusoid_layout, d_eq)
+        elif c.position_kind == "rotary":
+            p = np.zeros((ids.shape[1], d))  # nothing added: the self-attentions rotate (4a)
         else:
             p = w[f"{stack}.position_embedding"][positions]
         e = w[table][ids]
@@ -172,22 +280,41 @@ def doc_forward(
 
     # 4. Attention in the file's head layout.
     def heads(a: np.ndarray, axis: int) -> np.ndarray:
-        """The stored [.., h, d_k, ..] pair read with head n at columns n::h ("minor")."""
+        """The stored [.., heads, d_k, ..] pair read with head n at columns n::heads ("minor")."""
         if r.head_order == "major":
             return a
-        shape = a.shape
-        flat = a.reshape(shape[:axis] + (h * d_k,) + shape[axis + 2 :])
-        split = flat.reshape(shape[:axis] + (d_k, h) + shape[axis + 2 :])
+        shape, n = a.shape, a.shape[axis]
+        flat = a.reshape(shape[:axis] + (n * d_k,) + shape[axis + 2 :])
+        split = flat.reshape(shape[:axis] + (d_k, n) + shape[axis + 2 :])
         return np.swapaxes(split, axis, axis + 1)
 
-    def attention(prefix: str, x_q, x_kv, allowed, record: str) -> np.ndarray:
-        def project(x: np.ndarray, name: str) -> np.ndarray:
+    # The output projection's bias: attention_output_bias, attention_bias when that is null.
+    output_projection_bias = c.attention_bias
+    if r.output_bias_follows == "attention_output_bias" and c.attention_output_bias is not None:
+        output_projection_bias = c.attention_output_bias
+
+    def attention(prefix: str, x_q, x_kv, allowed, record: str, q_pos=None, kv_pos=None):
+        """MHA; q_pos and kv_pos ([B, L] positions) when this attention is rotated (step 4a)."""
+
+        def project(x: np.ndarray, name: str, pos) -> np.ndarray:
             y = np.einsum("btj,jnc->bntc", x, heads(w[f"{prefix}.{name}.kernel"], 1))
+            turn = pos is not None and (name != "value" or r.rotate_values)
+            if turn and r.rotate_before_bias:
+                y = rotate(y, pos, c, r)
             if c.attention_bias:
                 y = y + heads(w[f"{prefix}.{name}.bias"], 0)[None, :, None, :]
+            if turn and not r.rotate_before_bias:
+                y = rotate(y, pos, c, r)
             return y
 
-        q, k, v = project(x_q, "query"), project(x_kv, "key"), project(x_kv, "value")
+        q = project(x_q, "query", q_pos)
+        k, v = project(x_kv, "key", kv_pos), project(x_kv, "value", kv_pos)
+        # Grouped-query attention: query head n reads key/value head n // (h / g).
+        group = h // k.shape[1]
+        if r.kv_head == "n // (h/g)":
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        else:  # "n % g"
+            k, v = np.tile(k, (1, group, 1, 1)), np.tile(v, (1, group, 1, 1))
         scale = math.sqrt(d_k if r.score_scale == "d_k" else d)
         score = q @ np.swapaxes(k, -1, -2) / scale  # [B, h, Tq, Tk]
         allowed = np.broadcast_to(allowed, score.shape)
@@ -201,7 +328,7 @@ def doc_forward(
         out[record] = a
         context = dropout(a) @ v  # [B, h, Tq, d_k]
         y = np.einsum("bntc,ncd->btd", context, heads(w[f"{prefix}.output.kernel"], 0))
-        if c.attention_bias:
+        if output_projection_bias:
             y = y + w[f"{prefix}.output.bias"]
         return y
 
@@ -223,14 +350,27 @@ def doc_forward(
         dec_self = dec_self & tgt_ok[:, None, :, None]
         cross = cross & tgt_ok[:, None, :, None]
 
-    # 5. Feed-forward.
+    # 4a. Rotary positions, in every self-attention (never the cross-attention).
+    rotary = c.position_kind == "rotary"
+    src_pos = rotary_positions(src, c, r) if rotary else None
+    tgt_pos = rotary_positions(tgt_in, c, r) if rotary else None
+    enc_pos = src_pos if r.rotate_encoder else None
+    cross_q, cross_kv = (tgt_pos, src_pos) if r.rotate_cross else (None, None)
+
+    # 5. Feed-forward: the biases exist with feed_forward_bias; the gated form with a gate.
     def ffn(prefix: str, x: np.ndarray) -> np.ndarray:
-        hidden = act(
-            c.activation,
-            x @ w[f"{prefix}.intermediate.kernel"] + w[f"{prefix}.intermediate.bias"],
-            r,
-        )
-        return hidden @ w[f"{prefix}.output.kernel"] + w[f"{prefix}.output.bias"]
+        def dense(name: str, y: np.ndarray) -> np.ndarray:
+            y = y @ w[f"{prefix}.{name}.kernel"]
+            return y + w[f"{prefix}.{name}.bias"] if c.feed_forward_bias else y
+
+        up = dense("intermediate", x)
+        if not c.gated_feed_forward:
+            hidden = act(c.activation, up, r)
+        elif r.gated_activation_on == "gate":
+            hidden = act(c.activation, dense("gate", x), r) * up
+        else:  # the activation on the intermediate projection instead
+            hidden = dense("gate", x) * act(c.activation, up, r)
+        return dense("output", hidden)
 
     # 6. Sublayer wiring.
     pre = (c.norm_position == "pre") != (r.wiring == "swapped")
@@ -254,7 +394,9 @@ def doc_forward(
             x = sublayer(
                 x,
                 f"{p}.self_attention_norm",
-                lambda y, p=p, n=record: attention(p + ".self_attention", y, y, enc_self, n),
+                lambda y, p=p, n=record: attention(
+                    p + ".self_attention", y, y, enc_self, n, enc_pos, enc_pos
+                ),
             )
             x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
         memory = ln(x, "encoder.final_norm") if final else x
@@ -281,7 +423,9 @@ def doc_forward(
         x = sublayer(
             x,
             f"{p}.self_attention_norm",
-            lambda y, p=p: attention(f"{p}.self_attention", y, y, dec_self, f"{p}.self_attention"),
+            lambda y, p=p: attention(
+                f"{p}.self_attention", y, y, dec_self, f"{p}.self_attention", tgt_pos, tgt_pos
+            ),
         )
         if not has_encoder:  # a decoder-only layer has no cross-attention sublayer
             x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
@@ -291,7 +435,7 @@ def doc_forward(
             x,
             f"{p}.cross_attention_norm",
             lambda y, p=p, kv=kv: attention(
-                f"{p}.cross_attention", y, kv, cross, f"{p}.cross_attention"
+                f"{p}.cross_attention", y, kv, cross, f"{p}.cross_attention", cross_q, cross_kv
             ),
         )
         x = sublayer(x, f"{p}.feed_forward_norm", lambda y, p=p: ffn(p + ".feed_forward", y))
@@ -329,7 +473,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)))
 
 
-@pytest.mark.parametrize("name", NAMES + HALVES)
+@pytest.mark.parametrize("name", NAMES + HALVES + TODAY)
 def test_the_documented_forward_reproduces_the_vectors(name):
     got, arrays = run(name)
     expected = set(arrays) - {"src", "tgt_in"}
@@ -400,6 +544,50 @@ HALF_ALTERNATIVES = {
     "positions from 1 in a GPT": (Reading(position_start=1), ["gpt_decoder_only"]),
 }
 ALTERNATIVES.update(HALF_ALTERNATIVES)
+# Today's parts (FORMAT.md steps 3, 4, 4a and 5) on their two vectors. Measured max |logits -
+# vector logits| when written (llama_decoder_only, qwen_interleaved_mqa; "-" where that vector
+# cannot tell: the llama has no bias, no encoder, no key_dim, one kv head per two query heads;
+# the qwen one kv head for all, so every mapping of query heads onto it is the same).
+L, Q = "llama_decoder_only", "qwen_interleaved_mqa"
+TODAY_ALTERNATIVES = {
+    # 4a. The configured layout (1.6, 0.91); theta(i) = rope_theta^(-2i/d_k) with d_k the head
+    #     size: not d_model (1.5, 0.083), not d_model / h where key_dim sets it (-, 0.034), not
+    #     rope_theta^(-i/d_k) (0.72, 0.20); (a, b) -> (a cos - b sin, b cos + a sin), not the
+    #     transposed rotation (2.5, 1.1).
+    "the other rotary layout": (Reading(rotary_layout_swapped=True), [L, Q]),
+    "rotary angles over d_model": (Reading(rotary_d="d_model"), [L, Q]),
+    "rotary angles over d_model / h, not key_dim": (Reading(rotary_d="d_model/h"), [Q]),
+    "rotary theta^(-i/d_k)": (Reading(rotary_exponent="i"), [L, Q]),
+    "rotation by -angle": (Reading(rotation_sign=-1), [L, Q]),
+    # 4a. Q and K after their biases (-, 0.26); V not rotated (2.2, 1.8); the encoder's
+    #     self-attention rotated too (-, 1.6), the cross-attention never (-, 0.14).
+    "Q and K rotated before their biases": (Reading(rotate_before_bias=True), [Q]),
+    "V rotated too": (Reading(rotate_values=True), [L, Q]),
+    "encoder self-attention not rotated": (Reading(rotate_encoder=False), [Q]),
+    "cross-attention rotated": (Reading(rotate_cross=True), [Q]),
+    # 4a. Pads take positions like any token, not Hugging Face generate's position_ids (2.5,
+    #     0.74: the pad queries' logits); cached decoding continues the positions, here after a
+    #     one-token prompt (BOS), where restarting them moves the logits by (0.89, 0.64).
+    "pads numbered after the real tokens": (Reading(pad_positions="after_real"), [L, Q]),
+    "cached positions restart after the prompt": (Reading(restart_after=1), [L, Q]),
+    # 3. RMSNorm: no mean (1.1, 1.5); gain scale, not 1 + scale (3.4, 3.6); the mean square
+    #    over d (0.078, 0.16); eps inside the sqrt (3.8e-5, 3.5e-4).
+    "RMSNorm subtracts the mean": (Reading(rms_subtract_mean=True), [L, Q]),
+    "RMSNorm gain 1 + scale": (Reading(rms_gain_offset=1.0), [L, Q]),
+    "RMSNorm mean square over d - 1": (Reading(unbiased_variance=True), [L, Q]),
+    "RMSNorm eps outside the sqrt": (Reading(eps_outside_sqrt=True), [L, Q]),
+    # 4. Query head n reads key/value head n // (h/g), not n % g (3.3, -).
+    "query head n reads kv head n % g": (Reading(kv_head="n % g"), [L]),
+    # 5. The activation on the gate (1.1, 0.70); silu with beta 1 (0.27, -); GeGLU keeps gelu_tanh
+    #    (-, 3.4e-4).
+    "activation on intermediate, not the gate": (
+        Reading(gated_activation_on="intermediate"),
+        [L, Q],
+    ),
+    "silu as x sigmoid(1.702 x)": (Reading(silu_beta=1.702), [L]),
+    "GeGLU's gelu_tanh read as gelu": (Reading(swap_gelu=True), [Q]),
+}
+ALTERNATIVES.update(TODAY_ALTERNATIVES)
 CASES = [(alt, name) for alt, (_, names) in ALTERNATIVES.items() for name in names]
 
 
@@ -433,6 +621,63 @@ def test_an_empty_attention_row_is_zero_in_the_vectors():
     assert not (arrays["src"][2] != 0).any()
     for key in ("encoder.layers.0.self_attention", "decoder.layers.1.cross_attention"):
         assert not arrays[key][2].any(), key
+        assert np.allclose(arrays[key][:2].sum(axis=-1), 1.0, atol=1e-12), key
+
+
+@pytest.mark.parametrize("name", TODAY)
+def test_rotary_positions_enter_through_their_differences_only(name):
+    """Step 4a: "The score of query m and key n then depends on the positions through m - n
+    only." Every position shifted (by 1, by 1000) reproduces the vectors all the same, to the
+    rounding of the larger angles' cos and sin (measured 2.6e-15 and 4.4e-15), where the shift
+    by 1 moves every other vector's logits by 1.2 or more ("positions from 1" above). So a
+    rotary model cannot tell where its positions start, only that a row's (and a cache's) are
+    consecutive: the wrong readings of step 4a's positions are the ones above that renumber
+    some tokens and not others (pads, the tokens fed after a prompt)."""
+    for start in (1, 1000):
+        got, arrays = run(name, Reading(position_start=start))
+        for key in got:
+            assert max_diff(got[key], arrays[key]) <= FORMAT_ATOL, (start, key)
+
+
+def test_the_output_bias_follows_attention_output_bias():
+    """Step 4: the q/k/v biases follow attention_bias, the output bias attention_output_bias
+    (attention_bias when that is null). qwen_interleaved_mqa has q/k/v biases and no output
+    bias: a reader following attention_bias for the output as well looks for a tensor the file
+    does not hold. Output biases added to its weights change nothing while
+    attention_output_bias is false, and are added (moving the logits by 0.44) when it is null."""
+    c, w, arrays = vector(Q)
+    assert c.attention_bias and c.attention_output_bias is False
+    assert "decoder.layers.0.cross_attention.key.bias" in w
+    assert not [k for k in w if k.endswith("attention.output.bias")]
+    with pytest.raises(KeyError, match=r"self_attention\.output\.bias"):
+        run(Q, Reading(output_bias_follows="attention_bias"))
+
+    rng = np.random.default_rng(5)
+    biases = {
+        k.replace(".output.kernel", ".output.bias"): 0.1 * rng.standard_normal(c.d_model)
+        for k in w
+        if k.endswith("attention.output.kernel")
+    }
+    with_biases = {**w, **biases}
+    ignored = doc_forward(with_biases, c, arrays["src"], arrays["tgt_in"])
+    assert max_diff(ignored["logits"], arrays["logits"]) <= FORMAT_ATOL
+    null = TransformerConfig(**{**c.to_dict(), "attention_output_bias": None})
+    added = doc_forward(with_biases, null, arrays["src"], arrays["tgt_in"])
+    assert max_diff(added["logits"], arrays["logits"]) > CHOICE_MATTERS
+
+
+def test_grouped_heads_keep_one_attention_map_per_query_head():
+    """Step 4: "The attention probabilities stay [B, h, Tq, Tk], one map per query head". In the
+    llama (h 4, g 2) the two query heads of a key/value head have maps of their own; in the
+    multi-query vector (g 1) the fully padded source row still has all-zero rows (step 4), in
+    the encoder and the cross-attention, for every one of the 3 query heads."""
+    _, arrays = run(L)
+    maps = arrays["decoder.layers.0.self_attention"]
+    assert maps.shape == (3, 4, 6, 6) and max_diff(maps[:, 0], maps[:, 1]) > CHOICE_MATTERS
+    _, arrays = run(Q)
+    assert not (arrays["src"][2] != 0).any()
+    for key in ("encoder.layers.1.self_attention", "decoder.layers.1.cross_attention"):
+        assert arrays[key].shape[1] == 3 and not arrays[key][2].any(), key
         assert np.allclose(arrays[key][:2].sum(axis=-1), 1.0, atol=1e-12), key
 
 
@@ -507,7 +752,7 @@ def check_safetensors_order(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + TODAY)
 def test_the_stored_files_are_in_safetensors_order(name):
     names = check_safetensors_order(VECTORS / f"{name}.safetensors")
     assert names[0].startswith("decoder.")  # not the table's order, which starts with embeddings

@@ -32,6 +32,9 @@ KERAS_MODULES = {"model", "train"}
 TORCH_STATE_DICT = "torch's native container is the state_dict; these map it to and from canonical"
 KERAS_PATHS = "Keras addresses variables by path inside the built model; these map the paths"
 ONLY_IN: dict[tuple[str, str], str] = {
+    ("tf_impl", "model.repeat_key_value_heads"): "Keras 3.15's ops.dot_product_attention fails "
+    "on TensorFlow for one key/value head (multi-query); the heads are repeated first, as Keras's "
+    "own GroupedQueryAttention does (torch's SDPA takes enable_gqa, jax.nn's fewer heads)",
     # model.py
     ("torch_impl", "model.LayerCache"): "torch decodes in eager Python: a layer's cache is a "
     "dataclass of buffers that write_cache fills in place; tf.function and jax.jit take a cache "
@@ -106,6 +109,15 @@ ONLY_IN: dict[tuple[str, str], str] = {
 NNX_SHARED_TABLE = "NNX keeps a shared table as one nnx.Param on the Transformer and passes it "
 NNX_SHARED_TABLE += "down as `table`; torch and Keras share one embedding layer object instead"
 PARAMS_DIFFER: dict[str, tuple[frozenset[str], str]] = {
+    "model.rotary_positions": (
+        frozenset({"start"}),
+        "tf computes the rows in the graph from a tensor start, so a compiled step does not retrace",
+    ),
+    "model.Stack.rotary": (
+        frozenset({"max_steps"}),
+        "torch and JAX slice a float64 rotary table at a start held on the device (traced under "
+        "jit) and need its length, while Keras computes the rows in the graph",
+    ),
     "model.sinusoidal_positions": (
         frozenset({"start"}),
         "tf computes the rows in the graph from a tensor start, so a compiled step does not retrace",

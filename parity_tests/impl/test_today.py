@@ -174,10 +174,17 @@ def test_loss_matches_the_oracle_and_grads_finite_differences(name, config_id):
         assert abs(out.grads[tensor][index] - fd) <= 1e-6, (tensor, index)
 
 
-# The float32 20 steps run a relu model, as impl/test_family.py's do and for its reason: with a
-# smooth activation Adam turns float32 gradient rounding on tiny gradients into step errors of
-# ~2e-5 alike in every framework. The gate keeps its product: relu(x W_gate) * x W_1 (ReGLU).
-FLOAT32_STEPS = LLAMA.replace(activation="relu")
+# The float32 20 steps run an ungated relu model with today's other parts (rotary positions,
+# RMSNorm, grouped-query attention, no biases), for impl/test_family.py's reason: where a gradient
+# is tiny but not zero, Adam divides it by its own size, and float32 rounding becomes a step
+# error. A gate makes such gradients: W_1's is relu(x W_gate) times the upstream gradient, tiny
+# wherever the gate barely opens. Measured (each framework's float32 run against its own float64
+# run, 20 steps): with ReGLU, 6.2e-6 (Flax) and 1.4e-5 (torch); the same with a LayerNorm or
+# sinusoids, 5.6e-6 to 1.2e-5, alike on both sides; ungated relu, 2.2e-6 and 6.3e-7, the
+# encoder-decoder's regime, where impl/test_training.py's bounds hold. First-step float32
+# gradients of the gated model agree within 1e-7 (checked below with GRAD_ATOL_F32), and its
+# 20 steps are checked in float64 (1e-9), where rounding cannot hide a difference.
+FLOAT32_STEPS = LLAMA.replace(activation="relu", gated_feed_forward=False)
 
 
 @pytest.mark.parametrize(("a", "b"), list(itertools.combinations(IMPLEMENTATIONS, 2)))

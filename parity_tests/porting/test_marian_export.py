@@ -174,12 +174,16 @@ def test_transformers_greedy_generation_gives_our_tokens(tmp_path, case):
 
 
 def test_missing_biases_are_written_as_zeros(tmp_path):
-    """attention_bias and output_bias false: Marian always has the biases; zeros compute the same."""
-    config = config_of("separate-untied-gelu", attention_bias=False, output_bias=False)
+    """attention_bias, feed_forward_bias and output_bias false: Marian always has the biases;
+    zeros compute the same."""
+    config = config_of(
+        "separate-untied-gelu", attention_bias=False, output_bias=False, feed_forward_bias=False
+    )
     weights, folder = export(tmp_path, config)
     state = load_file(str(folder / "model.safetensors"))
     assert not state["final_logits_bias"].any()
     assert not state["model.encoder.layers.0.self_attn.q_proj.bias"].any()
+    assert not state["model.decoder.layers.0.fc1.bias"].any()
     model = MarianMTModel.from_pretrained(folder).eval()
     src, tgt_in = inputs(config.pad_id, config.bos_id)
     ours = get_backend("torch").build(config, weights).forward(src, tgt_in).logits
@@ -197,6 +201,9 @@ def test_missing_biases_are_written_as_zeros(tmp_path):
         (dict(norm_kind="std_plus_eps"), "norm_kind: MarianMTModel's norms are nn.LayerNorm"),
         (dict(key_dim=4), "key_dim: MarianMTModel's heads are d_model / heads wide"),
         (dict(tie_output=False), "share_embeddings: transformers 5 shares"),
+        (dict(activation="silu"), "activation: MarianMTModel's activation_function has no 'silu'"),
+        (dict(gated_feed_forward=True), "gated_feed_forward: MarianMTModel's feed-forward has no"),
+        (dict(num_kv_heads=1), "num_kv_heads: MarianMTModel's attention has as many key/value"),
     ],
 )
 def test_what_marian_cannot_hold_is_refused_by_field(tmp_path, capsys, changes, named):

@@ -99,3 +99,16 @@ def test_the_global_token_count_fixes_the_ragged_trap():
     assert summed == pytest.approx(whole, rel=1e-15, abs=0)
     assert averaged == pytest.approx(whole, rel=1e-15, abs=0)
     assert replica_loss_scale(0, 2, engine_averages=False) == 1.0  # all pad: loss 0, not 0 / 0
+
+
+def test_grouped_key_value_heads_must_divide_over_the_model_shards():
+    """Megatron splits the key/value heads as it splits the query heads: 1 of them cannot go to
+    2 shards (JAX would stop inside the compiler with IndivisibleError)."""
+    from transformer_rosetta.spec.config import preset
+    from transformer_rosetta.spec.mesh import MeshShape, mesh_problems
+
+    llama = preset("tiny_llama")  # 4 query heads, 2 key/value heads
+    assert mesh_problems(MeshShape(1, 2), llama) == []
+    assert mesh_problems(MeshShape(1, 2), llama.replace(num_kv_heads=1)) == [
+        "num_kv_heads=1 does not divide over model=2 shards"
+    ]

@@ -5,18 +5,22 @@ the metadata) and NAME.npz (inputs `src`, `tgt_in` and the oracle's float64 outp
 canonical output names: logits, encoder_output, encoder.layers.{i}.self_attention, ...). A half
 of the family stores only the input it takes and the outputs it has (docs/FORMAT.md, "The three
 kinds").
+`python -m parity_tests.vectors.make_vectors NAME ...` writes only the vectors named, leaving the
+others' files (and bytes) as they are.
 An implementation in any framework can check itself against these files alone: load the weights,
 run the inputs, compare (docs/PARITY.md). The npz holds no objects: load it with allow_pickle=False.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from transformer_rosetta.oracle import reference
-from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.config import TransformerConfig, preset
 from transformer_rosetta.spec.inputs import ragged_batch
 from transformer_rosetta.weights.format import atomic_write, save_weights
 from transformer_rosetta.weights.init import init_weights
@@ -115,6 +119,39 @@ VECTOR_CONFIGS: dict[str, TransformerConfig] = {
             "pooled_l2_norm": True,
         }
     ),
+    # Today's decoders (docs/FORMAT.md steps 3, 4, 4a and 5). The preset tiny_llama as it is: a
+    # Llama, decoder-only, pre-norm RMSNorm with a final norm, rotary positions in the half-split
+    # layout (rope_theta 10000), SwiGLU, grouped-query attention (4 query heads, 2 key/value
+    # heads), no bias anywhere, unscaled embeddings, an untied output. d_model 32, d_k 8.
+    "llama_decoder_only": preset("tiny_llama"),
+    # The other choices of today's parts, in an encoder-decoder so that the encoder's
+    # (bidirectional) self-attention is rotated too and the cross-attention, never rotated, is
+    # covered: rotary in the interleaved layout with rope_theta 1e6 (Qwen2's), multi-query
+    # attention (one key/value head for 3 query heads), q/k/v biases without the output bias
+    # (attention_output_bias false, Qwen2's), a GeGLU (gelu_tanh, Gemma's) gated feed-forward
+    # with biases, pre-norm RMSNorm with final norms, eps 1e-5, one shared embedding that is also
+    # the output. Heads are key_dim 8 wide where d_model / h is 4 (Gemma's head_dim), so the
+    # rotary frequencies run over d_k = 8. The fully padded source row makes every encoder and
+    # cross-attention query of that row empty: its sublayer output is zero, having no output
+    # bias.
+    "qwen_interleaved_mqa": TransformerConfig(
+        **{
+            **_TINY,
+            "key_dim": 8,
+            "num_kv_heads": 1,
+            "norm_position": "pre",
+            "final_norm": True,
+            "norm_kind": "rms_norm",
+            "layer_norm_eps": 1e-5,
+            "activation": "gelu_tanh",
+            "gated_feed_forward": True,
+            "position_kind": "rotary",
+            "rotary_layout": "interleaved",
+            "rope_theta": 1e6,
+            "attention_output_bias": False,
+            "scale_embeddings": False,
+        }
+    ),
 }
 
 
@@ -122,9 +159,15 @@ def vector_inputs(c: TransformerConfig) -> tuple[np.ndarray | None, np.ndarray |
     return ragged_batch(c, batch=3, src_len=7, tgt_len=6, seed=11)
 
 
-def write_vectors(folder: Path = HERE) -> list[Path]:
+def write_vectors(folder: Path = HERE, names: Iterable[str] | None = None) -> list[Path]:
+    """Write the vectors `names` (all of VECTOR_CONFIGS when None) into `folder`."""
+    chosen = list(VECTOR_CONFIGS) if names is None else list(names)
+    unknown = [n for n in chosen if n not in VECTOR_CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown vectors {unknown}; known: {', '.join(VECTOR_CONFIGS)}")
     written = []
-    for name, config in VECTOR_CONFIGS.items():
+    for name in chosen:
+        config = VECTOR_CONFIGS[name]
         weights = init_weights(config, seed=2017, scheme="perturbed", dtype="float64")
         src, tgt_in = vector_inputs(config)
         out = reference.forward(weights, config, src, tgt_in)
@@ -142,5 +185,5 @@ def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 if __name__ == "__main__":
-    for path in write_vectors():
+    for path in write_vectors(names=sys.argv[1:] or None):
         print(f"wrote {path} ({path.stat().st_size} bytes)")

@@ -55,6 +55,7 @@ _SYMBOLS = {
     9: "d_ff",
     17: "max_len",
     3: "type_vocab",
+    1: "g",
 }
 # Every tensor is present or absent according to one switch; the probe turns all of them on.
 _MAXIMAL: dict[str, Any] = dict(
@@ -63,6 +64,17 @@ _MAXIMAL: dict[str, Any] = dict(
     output_bias=True,
     final_norm=True,
     attention_bias=True,
+    attention_output_bias=True,
+    gated_feed_forward=True,
+    feed_forward_bias=True,
+    # Not a switch: grouped-query attention with g = 1 key/value head of h = 2, so that the key
+    # and value kernels show their own head axis, g.
+    num_kv_heads=1,
+)
+# The parts of the maximal probe that today's decoders add, set back to the paper's, for the
+# importers of models that have none of them.
+_PAPER_PARTS: dict[str, Any] = dict(
+    attention_output_bias=None, gated_feed_forward=False, num_kv_heads=None
 )
 # BERT's embedding additions, on for the names tables only (the importers' tables have none).
 _EMBEDDING_EXTRAS: dict[str, Any] = dict(type_vocab_size=3, embedding_norm=True)
@@ -72,6 +84,10 @@ _SWITCHES = {
     "output_bias": False,
     "final_norm": False,
     "attention_bias": False,
+    "attention_output_bias": False,
+    "gated_feed_forward": False,
+    "feed_forward_bias": False,
+    "norm_kind": "rms_norm",
     "position_kind": "sinusoidal",
     "type_vocab_size": 0,
     "embedding_norm": False,
@@ -82,6 +98,8 @@ _SWITCHES = {
 # else flipping it needs to stay a valid config (an encoder-only model has no output bias).
 _PRESENT = {
     "type_vocab_size": "type_vocab_size >= 1",
+    "attention_output_bias": ("attention_output_bias = true (or null, with attention_bias = true)"),
+    "norm_kind": 'norm_kind is not "rms_norm"',
     "num_encoder_layers": "an encoder (num_encoder_layers >= 1)",
     "num_decoder_layers": "a decoder (num_decoder_layers >= 1)",
 }
@@ -160,7 +178,7 @@ def config_table() -> str:
 
     lines = ["| field | default | allowed |", "|---|---|---|"]
     for f in fields(TransformerConfig):
-        allowed = {
+        allowed = _ALLOWED.get(f.name) or {
             int: "integer in [0, vocab)"
             if f.name.endswith("_id")
             else "integer >= 0"
@@ -175,6 +193,13 @@ def config_table() -> str:
         lines.append(f"| `{f.name}` | `{_json(f.default)}` | {allowed} |")
     return "\n".join(lines)
 
+
+# The fields whose allowed values their type does not tell.
+_ALLOWED = {
+    "num_kv_heads": "integer >= 1 that divides num_heads, or null (num_heads)",
+    "attention_output_bias": "true / false, or null (as attention_bias)",
+    "rope_theta": "number in (1, 1e12)",
+}
 
 _JSON_BOOLS: dict[object, str] = {True: "true", False: "false"}
 
@@ -324,7 +349,13 @@ def nn_transformer_table() -> str:
     from transformer_rosetta.porting.nn_transformer import mapping_table
 
     config = TransformerConfig(
-        **{**_PROBE, **_MAXIMAL, "num_encoder_layers": 2, "num_decoder_layers": 2}
+        **{
+            **_PROBE,
+            **_MAXIMAL,
+            **_PAPER_PARTS,
+            "num_encoder_layers": 2,
+            "num_decoder_layers": 2,
+        }
     )
     return _port_table(mapping_table(config))
 
@@ -359,6 +390,27 @@ def bert_table() -> str:
     lines += [f"| (BertModel's code) | `{name}: {_json(v)}` |" for name, v in TABLE.fixed.items()]
     config = TransformerConfig(**{**_PROBE, **TABLE.fixed, "type_vocab_size": 2})
     return "\n".join(lines) + "\n\n" + _port_table(mapping_table(config, patterns=True))
+
+
+def llama_table(kind: str) -> str:
+    """A Llama-family folder (`--from llama`: Llama with its optional biases, untied) or Meta's
+    original layout (`--from meta-llama`: no biases), at a d_model of 16 (rotary positions need
+    an even head size)."""
+    from transformer_rosetta.porting import llama, meta_llama
+
+    biases = kind == "llama"
+    config = TransformerConfig(
+        **{
+            **_PROBE,
+            **llama.FIXED,
+            "d_model": 16,
+            "src_vocab_size": _PROBE["tgt_vocab_size"],
+            "tie_output": False,
+            "attention_bias": biases,
+            "feed_forward_bias": biases,
+        }
+    )
+    return _port_table((llama if biases else meta_llama).mapping_table(config))
 
 
 def tutorial_table(kind: str) -> str:
@@ -399,6 +451,8 @@ PORTING_GENERATORS: dict[str, Callable[[], str]] = {
     "nn_transformer": nn_transformer_table,
     "marian": marian_table,
     "bert": bert_table,
+    "llama": functools.partial(llama_table, "llama"),
+    "meta_llama": functools.partial(llama_table, "meta-llama"),
     **{
         kind.replace("-", "_"): functools.partial(tutorial_table, kind)
         for kind in (

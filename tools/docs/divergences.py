@@ -1560,6 +1560,169 @@ def ragged_replica_mean_jax() -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+# -- 12. Today's decoders: rotary layouts and RMSNorm's statistics --------------------------------
+
+
+def _llama(**changes: Any) -> TransformerConfig:
+    config = preset("tiny_llama")
+    return config.replace(**changes) if changes else config
+
+
+def _lm_inputs(config: TransformerConfig) -> np.ndarray:
+    """A decoder-only batch: 4 ragged rows of 7 tokens, seed 0 (as _inputs' target side)."""
+    _, tgt_in = ragged_batch(config, batch=4, src_len=1, tgt_len=7, seed=0)
+    assert tgt_in is not None
+    return tgt_in
+
+
+def _lm_logit_effect(
+    config: TransformerConfig,
+    dtype: str,
+    default: Callable[[Any], contextlib.AbstractContextManager],
+) -> float:
+    """_logit_effect for a decoder-only model of torch_impl."""
+    model = _build("torch", config, dtype)
+    tgt_in = _lm_inputs(config)
+    ours = model.forward(None, tgt_in).logits
+    with default(model):
+        theirs = model.forward(None, tgt_in).logits
+    return max_abs_diff(theirs, ours)
+
+
+def _torch_modules(model: Any, kind: type) -> list[Any]:
+    return [m for m in model.module.modules() if isinstance(m, kind)]
+
+
+@divergence(
+    topic="Rotary layout",
+    framework="PyTorch",
+    default=(
+        "Hugging Face's `rotate_half` (halves) on a Meta checkpoint, whose q and k rows are "
+        "written for interleaved pairs (`consolidated.*.pth`), without the permutation"
+    ),
+    ours=(
+        "`rotary_layout` names the pairs (`half_split` or `interleaved`); `--from meta-llama` "
+        "permutes q and k into `half_split` (table step `rotary_permute`), as "
+        "`convert_llama_weights_to_hf.py` does"
+    ),
+    effect=(
+        "max |Δ logits|, `tiny_llama` preset, float64, 4 ragged rows of 7 tokens: the same "
+        "weights with the other `rotary_layout`"
+    ),
+    needs="torch",
+)
+def rotary_layout_mixed_up() -> float:
+    from transformer_rosetta.torch_impl.model import MultiHeadAttention
+
+    def other_layout(model: Any) -> contextlib.AbstractContextManager:
+        return _attributes(
+            _torch_modules(model, MultiHeadAttention), "rotary_layout", "interleaved"
+        )
+
+    return _lm_logit_effect(_llama(), "float64", other_layout)
+
+
+def _rms_norm_without_upcast(self: Any, x: Any) -> Any:
+    """RMSNorm with its statistics in the input dtype: no float32 upcast anywhere."""
+    import torch
+
+    return self.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps))
+
+
+RMS_ROWS, RMS_WIDTH = 64, 512  # the base model's d_model
+
+
+@divergence(
+    topic="RMSNorm statistics dtype",
+    framework="PyTorch",
+    default=(
+        "an RMSNorm written without an upcast: `x * rsqrt(x.pow(2).mean(-1) + eps)` in the "
+        "input's bfloat16"
+    ),
+    ours=(
+        "float32 statistics, the normalised x rounded to bfloat16 once before the gain "
+        "(`torch_impl/model.py` `RMSNorm`, Hugging Face's `LlamaRMSNorm`)"
+    ),
+    effect=(
+        "max |error| of RMSNorm over 64 x 512 bfloat16 inputs N(0, 1) with gains 1 + N(0, 0.1²) "
+        "against the exact float64 norm of the same bfloat16 values: statistics in bfloat16; in "
+        "parentheses with float32 statistics"
+    ),
+    needs="torch",
+    rtol=ROUNDING_RTOL,
+)
+def rms_norm_statistics_bf16() -> tuple[float, str]:
+    import torch
+
+    from transformer_rosetta.torch_impl.model import RMSNorm
+
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.standard_normal((RMS_ROWS, RMS_WIDTH))).to(torch.bfloat16)
+    norm = RMSNorm(RMS_WIDTH, 1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor(1.0 + 0.1 * rng.standard_normal(RMS_WIDTH)))
+        x64, w64 = x.double(), norm.weight.double()
+        exact = w64 * x64 / torch.sqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
+        ours = norm(x).double()
+        theirs = _rms_norm_without_upcast(norm, x).double()
+    return max_abs_diff(theirs, exact), f"float32 statistics: {max_abs_diff(ours, exact):.2g}"
+
+
+@divergence(
+    topic="RMSNorm statistics dtype",
+    framework="PyTorch",
+    default="no upcast: every RMSNorm's statistics in bfloat16 (the row above)",
+    ours="Hugging Face's float32 upcast of the variance (`torch_impl/model.py` `RMSNorm`)",
+    effect=(
+        "max |Δ logits|, `tiny_llama` preset, bfloat16, 4 ragged rows of 7 tokens: every RMSNorm "
+        "without the upcast"
+    ),
+    needs="torch",
+    rtol=ROUNDING_RTOL,
+)
+def rms_norm_upcast_logits() -> float:
+    from transformer_rosetta.torch_impl.model import RMSNorm
+
+    def no_upcast(_model: Any) -> contextlib.AbstractContextManager:
+        return _patched(RMSNorm, "forward", _rms_norm_without_upcast)
+
+    return _lm_logit_effect(_llama(), "bfloat16", no_upcast)
+
+
+def _torch_rms_norm(self: Any, x: Any) -> Any:
+    """What torch's own nn.RMSNorm computes (F.rms_norm), on RMSNorm's weight and eps."""
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+@divergence(
+    topic="RMSNorm gain order",
+    framework="PyTorch",
+    default=(
+        "`nn.RMSNorm` (`F.rms_norm`): the gain multiplies the float32 normalised x, rounded to "
+        "bfloat16 once at the end"
+    ),
+    ours=(
+        "the normalised x rounded to bfloat16 first, then times the gain, as Hugging Face's "
+        "`LlamaRMSNorm` (`weight * hidden.to(input_dtype)`): `torch_impl/model.py` `RMSNorm`"
+    ),
+    effect=(
+        "max |Δ logits|, `tiny_llama` preset, bfloat16, 4 ragged rows of 7 tokens: every RMSNorm "
+        "computed as `nn.RMSNorm` does"
+    ),
+    needs="torch",
+    rtol=ROUNDING_RTOL,
+)
+def rms_norm_gain_order_torch() -> float:
+    from transformer_rosetta.torch_impl.model import RMSNorm
+
+    def torch_order(_model: Any) -> contextlib.AbstractContextManager:
+        return _patched(RMSNorm, "forward", _torch_rms_norm)
+
+    return _lm_logit_effect(_llama(), "bfloat16", torch_order)
+
+
 # -- running, writing, reading, rendering ----------------------------------------------------------
 
 

@@ -108,6 +108,17 @@ CONCEPTS: tuple[Concept, ...] = (
         "each is built from the config's `layer_norm_eps`, and Flax's `use_fast_variance` is off.",
     ),
     Concept(
+        "rms_norm",
+        "RMSNorm",
+        "Llama's norm (Zhang & Sennrich 2019): no mean, no bias, float32 statistics. Each "
+        "framework has one (`nn.RMSNorm`, `keras.layers.RMSNormalization`, `nnx.RMSNorm`), and "
+        "each multiplies the gain in float32 and rounds once, where Hugging Face's Llama rounds "
+        "the normalised x to bfloat16 first and then multiplies: the same function in float32, "
+        "one bfloat16 rounding apart (the catalogue measures it). So torch and Flax write the "
+        "three lines themselves, and Keras subclasses its layer, calls its op without a gain and "
+        "multiplies after the rounding.",
+    ),
+    Concept(
         "residual",
         "Residual wiring (post/pre)",
         "Section 3.1 and 5.4: post-norm LN(x + F(x)) or pre-norm x + F(LN(x)), the same two "
@@ -129,6 +140,32 @@ CONCEPTS: tuple[Concept, ...] = (
         "float64 table once (a non-persistent buffer) and casts it; Keras computes the rows in "
         "the graph, from a tensor start so a compiled decode step does not retrace; JAX builds "
         "them in float64 NumPy at trace time, where they become constants.",
+    ),
+    Concept(
+        "rotary",
+        "Rotary positions",
+        "RoFormer (Su et al. 2021): the queries and keys of every self-attention turn by "
+        "pos * rope_theta^(-2i/d_k), in Hugging Face's half-split pairs or Meta's interleaved "
+        "ones. torch and JAX compute float64 (cos, sin) tables once and slice them at the step's "
+        "start; Keras computes the rows in the graph from a tensor start, as it does the "
+        "sinusoids. torch's heads come before the positions, Keras's and Flax's after, so the "
+        "tables broadcast differently.",
+    ),
+    Concept(
+        "kv_heads",
+        "Grouped-query attention",
+        "num_kv_heads < num_heads (Ainslie et al. 2023): the key and value projections have g "
+        "heads, each read by h / g query heads, and the decode cache keeps g. torch's SDPA takes "
+        "fewer key/value heads with `enable_gqa`, `jax.nn.dot_product_attention` takes them as "
+        "they are; Keras 3.15's `ops.dot_product_attention` fails on TensorFlow for one key/value "
+        "head, so Keras repeats them first, as its own `GroupedQueryAttention` does.",
+    ),
+    Concept(
+        "gated_feed_forward",
+        "The gated feed-forward (SwiGLU)",
+        "Shazeer 2020: (act(x W_gate) * x W_1) W_2, three projections where the paper has two. "
+        "The same three lines in every framework; the gate is an optional third layer, absent "
+        "(None) in an ungated model so that the checkpoint names do not change.",
     ),
     Concept(
         "cache",
@@ -244,6 +281,24 @@ CUTS: dict[str, dict[str, tuple[Cut, ...]]] = {
     },
     "residual": {
         framework: (body("model.py", "residual"),) for framework in ("torch", "tf", "jax")
+    },
+    "rms_norm": {
+        framework: (whole("model.py", "RMSNorm"),) for framework in ("torch", "tf", "jax")
+    },
+    "rotary": {
+        framework: (whole("model.py", "rotary_positions", "rotate"),)
+        for framework in ("torch", "tf", "jax")
+    },
+    "kv_heads": {
+        "torch": (whole("model.py", "MultiHeadAttention.keys_values"),),
+        "tf": (
+            whole("model.py", "repeat_key_value_heads"),
+            whole("model.py", "MultiHeadAttention.keys_values"),
+        ),
+        "jax": (whole("model.py", "MultiHeadAttention.keys_values"),),
+    },
+    "gated_feed_forward": {
+        framework: (whole("model.py", "FeedForward"),) for framework in ("torch", "tf", "jax")
     },
     "cache": {
         framework: (body("model.py", "write_cache"),) for framework in ("torch", "tf", "jax")

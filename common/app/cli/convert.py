@@ -123,7 +123,11 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "current TensorFlow Transformer tutorial, .weights.h5), keras-prenorm (the Keras "
             "pre-norm Transformer of seed text 004, .weights.h5), mingpt and nanogpt (Karpathy's "
             "minGPT and nanoGPT state_dicts, decoder-only), gpt2 (a Hugging Face GPT2LMHeadModel "
-            "or GPT2Model, model.safetensors or a state_dict), encoder-gpt (also seed-gpt: a GPT "
+            "or GPT2Model, model.safetensors or a state_dict), llama (a Hugging Face "
+            "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM folder; also written, with "
+            "--to llama: a folder that transformers loads), meta-llama (Meta's original layout: "
+            "params.json and consolidated.NN.pth; --config gives bos_id and eos_id), "
+            "encoder-gpt (also seed-gpt: a GPT "
             "class made of embedding, encoder and out, its encoder the 'Transformers from "
             "Scratch' stack of one AttentionHead per head, run with a causal mask; its "
             "positions computed from its own formula), and map "
@@ -147,6 +151,10 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
             "  rosetta convert my_nn_transformer.pt model.safetensors --from nn-transformer --config c.json\n"
             "  rosetta convert ./opus-mt-folder model.safetensors\n"
             "  rosetta convert model.safetensors ./my-marian-folder --to marian\n"
+            "  rosetta convert ./Qwen2-0.5B qwen2.safetensors   # a Llama, Mistral or Qwen2 folder\n"
+            "  rosetta convert llama.safetensors ./my-llama-folder --to llama\n"
+            "  rosetta convert ./llama-2-7b llama.safetensors --from meta-llama --config ids.json   "
+            '# ids.json: {"bos_id": 1, "eos_id": 2}\n'
             "  rosetta convert ./all-MiniLM-L6-v2 minilm.safetensors --from bert\n"
             "  rosetta convert model.safetensors model.onnx   # or: rosetta export\n"
             "  rosetta convert big.safetensors shards/ --max-shard-size 200MB\n"
@@ -160,10 +168,12 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "src",
-        help="the file (or Marian or BERT folder, or a sharded model's folder or index) to read",
+        help="the file (or Marian, BERT, Llama or Meta Llama folder, or a sharded model's folder "
+        "or index) to read",
     )
     p.add_argument(
-        "dst", help="the file (or, with --to marian or --max-shard-size, the folder) to write"
+        "dst",
+        help="the file (or, with --to marian, --to llama or --max-shard-size, the folder) to write",
     )
     p.add_argument("--from", dest="from_kind", choices=list(KINDS), help="the source kind")
     p.add_argument(
@@ -177,8 +187,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "--config",
         metavar="FILE.json",
         help="the model's config, for sources that do not carry one (torch, keras, flax, "
-        "nn-transformer); for the tutorials' models and --map, only the fields the file cannot "
-        'tell (e.g. {"num_heads": 8})',
+        "nn-transformer); for the tutorials' models, --map, gpt2, llama and meta-llama, only the "
+        'fields the files cannot tell (e.g. {"num_heads": 8}; {"pad_id": 0})',
     )
     p.add_argument(
         "--map",
