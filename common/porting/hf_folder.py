@@ -326,3 +326,39 @@ def digest_files(folder: Path) -> list[Path]:
             if name.endswith(DIGESTED_SUFFIXES) and not name.startswith("."):
                 files.add(Path(root) / name)
     return sorted((p for p in files if _is_regular(p)), key=lambda p: p.relative_to(folder).parts)
+
+
+def write_hf_folder(
+    folder: str | Path, state: Mapping[str, np.ndarray], texts: Mapping[str, str]
+) -> None:
+    """A Hugging Face folder as save_pretrained writes it: `state` in model.safetensors (with
+    transformers' {"format": "pt"} metadata), then each JSON text of `texts` ({file name: text}),
+    each file atomically. If a later file fails, the files already written are removed, and the
+    folder too when this call made it."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    from transformer_rosetta.files.outputs import atomic_write, make_folder, text_writer
+
+    folder = Path(folder)
+    made = not folder.exists()
+    make_folder(folder, "DST")
+    written: list[Path] = []
+    try:
+        size = sum(a.nbytes for a in state.values())
+        atomic_write(
+            folder / SAFETENSORS_FILE,
+            lambda tmp: save_file(dict(state), tmp, metadata={"format": "pt"}),
+            size,
+        )
+        written.append(folder / SAFETENSORS_FILE)
+        for name, text in texts.items():
+            atomic_write(folder / name, text_writer(text))
+            written.append(folder / name)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise

@@ -27,7 +27,6 @@ a residual dropout (Llama has none: set dropout 0), and the bias patterns above.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError
-from transformer_rosetta.porting.hf_folder import CONFIG_FILE, SAFETENSORS_FILE
+from transformer_rosetta.porting.hf_folder import CONFIG_FILE, SAFETENSORS_FILE, write_hf_folder
 from transformer_rosetta.porting.llama import ARCHITECTURES, TABLE
 from transformer_rosetta.porting.table import from_canonical
 from transformer_rosetta.spec.config import TransformerConfig
@@ -184,34 +183,10 @@ def write_llama_dir(
     Everything is computed before the first byte is written (a config Llama cannot hold is a
     ConfigError naming each field); each file is written atomically, the weights first, and if a
     later file fails the files this call wrote are removed again (and the folder, if it made it)."""
-    from safetensors.numpy import save_file
-
-    from transformer_rosetta.files.outputs import atomic_write, make_folder, text_writer
-
     state = canonical_to_llama(tensors, c)
     dtype = dtype_name(next(iter(state.values())).dtype)
     texts = {
         CONFIG_FILE: json.dumps(hf_config_for(c, dtype), indent=2) + "\n",
         GENERATION_FILE: json.dumps(generation_config_for(c), indent=2) + "\n",
     }
-    folder = Path(folder)
-    made = not folder.exists()
-    make_folder(folder, "DST")
-    written: list[Path] = []
-    try:
-        size = sum(a.nbytes for a in state.values())
-        atomic_write(
-            folder / SAFETENSORS_FILE,
-            lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
-            size,
-        )
-        written.append(folder / SAFETENSORS_FILE)
-        for name, text in texts.items():
-            atomic_write(folder / name, text_writer(text))
-            written.append(folder / name)
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        if made:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
+    write_hf_folder(folder, state, texts)

@@ -22,10 +22,10 @@ import pytest
 
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.impl.test_family import F64_MARGIN, greedy_margins, lm_batch
+from parity_tests.impl.test_family import decode_all as family_decode_all
 from parity_tests.impl.test_training import GRAD_ATOL_F32, LOSS_ATOL_F32
 from transformer_rosetta.adapter.backends import get_backend
 from transformer_rosetta.decoding.sampling import filtered_log_probs, sample_search
-from transformer_rosetta.decoding.search import beam_search, greedy_search
 from transformer_rosetta.oracle.training import oracle_loss
 from transformer_rosetta.spec.config import preset
 from transformer_rosetta.spec.names import canonical_shapes
@@ -52,11 +52,8 @@ SAMPLE_SEEDS = (0, 1, 2)
 CDF_MARGIN = 1e-9
 
 
-def decode_all(model, config, prompt, cached, beam, extra_len=8):
-    start = partial(model.stepper, cached=cached)
-    if beam == 1:
-        return greedy_search(start, config, prompt, extra_len=extra_len)
-    return beam_search(start, config, prompt, beam=beam, extra_len=extra_len)
+# Eight new tokens: past the prompt, the positions run to 12, beyond the 4-token prompt's 4.
+decode_all = partial(family_decode_all, extra_len=8)
 
 
 @pytest.mark.parametrize("framework", IMPLEMENTATIONS)
