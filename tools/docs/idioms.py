@@ -286,7 +286,7 @@ CUTS: dict[str, dict[str, tuple[Cut, ...]]] = {
         framework: (whole("model.py", "RMSNorm"),) for framework in ("torch", "tf", "jax")
     },
     "rotary": {
-        framework: (whole("model.py", "rotary_positions", "rotate"),)
+        framework: (body("model.py", "rotary_positions"), body("model.py", "rotate"))
         for framework in ("torch", "tf", "jax")
     },
     "kv_heads": {
@@ -298,7 +298,11 @@ CUTS: dict[str, dict[str, tuple[Cut, ...]]] = {
         "jax": (whole("model.py", "MultiHeadAttention.keys_values"),),
     },
     "gated_feed_forward": {
-        framework: (whole("model.py", "FeedForward"),) for framework in ("torch", "tf", "jax")
+        framework: (
+            body("model.py", "FeedForward.__init__"),
+            whole("model.py", f"FeedForward.{call}"),
+        )
+        for framework, call in (("torch", "forward"), ("tf", "call"), ("jax", "__call__"))
     },
     "cache": {
         framework: (body("model.py", "write_cache"),) for framework in ("torch", "tf", "jax")
