@@ -674,3 +674,49 @@ def test_verify_runs_transformers_against_the_oracle(imported, tmp_path, capsys,
     assert 0 < check["max_abs_logit_diff"] <= check["bound"] == atol_for("float32")
     assert record["source"]["kind"] == "llama"
     assert any("pad_id 60" in note for note in record["notes"])
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2"])
+def test_imported_models_sample_and_search_alike_in_every_framework(imported, case):
+    """The imported model itself (not a random one): greedy and seeded sampling (temperature
+    0.8, top-p 0.9, two seeds) in float64 give the oracle's tokens in every framework, cached and
+    uncached. Sampling is compared only where no uniform lies within 1e-9 of a boundary of the
+    oracle's cumulative distribution (impl/test_today.py, cdf_margin)."""
+    from functools import partial
+
+    from parity_tests.impl.test_today import CDF_MARGIN, cdf_margin
+    from transformer_rosetta.adapter.backends import get_backend
+    from transformer_rosetta.decoding.sampling import sample_search
+    from transformer_rosetta.decoding.search import greedy_search
+
+    _, _, _, wf = imported(case)
+    config = wf.config
+    prompt = np.array([p[:4] for p in PROMPTS])
+    filters = dict(temperature=0.8, top_p=0.9)
+    oracle = get_backend("numpy").build(config, wf.tensors)
+    runs = {"greedy": lambda start: greedy_search(start, config, prompt, extra_len=MAX_NEW)}
+    for seed in (0, 1):
+        want = sample_search(
+            oracle.stepper, config, prompt, extra_len=MAX_NEW, seed=seed, **filters
+        )
+        margin = cdf_margin(oracle, config, prompt, want.tokens, seed, **filters)
+        assert margin > CDF_MARGIN, f"seed {seed}: a uniform lies {margin:.3g} from a boundary"
+        runs[f"seed {seed}"] = partial(
+            lambda start, seed: sample_search(
+                start, config, prompt, extra_len=MAX_NEW, seed=seed, **filters
+            ),
+            seed=seed,
+        )
+    want = {name: run(oracle.stepper).tokens for name, run in runs.items()}
+    assert all(sum(len(t) for t in tokens) >= 8 for tokens in want.values()), "too short"
+    assert want["seed 0"][0].tolist() != want["greedy"][0].tolist(), "sampling drew greedy"
+    for framework in IMPLEMENTATIONS:
+        model = backend_or_skip(framework).build(config, wf.tensors, dtype="float64")
+        for cached in (True, False):
+            for name, run in runs.items():
+                got = run(partial(model.stepper, cached=cached)).tokens
+                assert [t.tolist() for t in got] == [t.tolist() for t in want[name]], (
+                    framework,
+                    cached,
+                    name,
+                )
