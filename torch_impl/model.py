@@ -175,12 +175,11 @@ def fused_attention(
     probabilities: the context, in explicit_attention's layout, fewer key/value heads included.
     The kernels disagree on a query with no allowed key (zeros, a uniform average of the values,
     or NaN); it gets a zero context here, as on the explicit path."""
-    # idiom: the kernel is F.scaled_dot_product_attention (SDPA); enable_gqa (torch >= 2.5) takes
-    # the g key/value heads as they are, each serving h / g query heads, and is passed only when
-    # g < h, so that multi-head attention runs on every torch the package allows
-    grouped = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    # idiom: the kernel is F.scaled_dot_product_attention (SDPA); enable_gqa (torch >= 2.5, the
+    # package's floor) takes the g key/value heads as they are, each serving h / g query heads
+    grouped = k.shape[1] != q.shape[1]
     context = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, **grouped
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped
     )
     # torch 2.13's CPU kernel already returns 0 for a row with no allowed key, but other
     # kernels (CUDA math/efficient) may return NaN, which `where` replaces too.
