@@ -29,7 +29,15 @@ class WeightFileError(RosettaError, ValueError):
 
 
 class InputError(RosettaError, ValueError):
-    """Token ids that the model cannot take (wrong rank, dtype, range, batch or length)."""
+    """Token ids that the model cannot take (wrong rank, dtype, range, batch or length), or an
+    argument out of its range; the message names the argument."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong Python type (None for a path, a string for a seed). It is an
+    InputError, so the CLI prints it in one line like any other, and a TypeError, as Python's own
+    type errors are, so that `except TypeError` still catches it; the message names the
+    argument."""
 
 
 class BackendUnavailable(RosettaError, ImportError):

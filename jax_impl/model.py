@@ -614,7 +614,11 @@ class Stack(nnx.Module):
         the sum before the dropout."""
         c = self.config
         # rosetta: embeddings
-        x = jnp.take(table, ids, axis=0)  # (B, L, d)
+        if c.virtual_pad:  # no pad token: pad_id names no row and embeds as zero (FORMAT.md)
+            real = ids != c.pad_id  # (B, L)
+            x = jnp.where(real[..., None], jnp.take(table, jnp.where(real, ids, 0), axis=0), 0.0)
+        else:
+            x = jnp.take(table, ids, axis=0)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         # rosetta: end

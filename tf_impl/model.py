@@ -764,7 +764,12 @@ class Stack(_ConfigLayer):
         the sum before the dropout."""
         c = self.config
         # rosetta: embeddings
-        x = self.embedding(ids)  # (B, L, d)
+        if c.virtual_pad:  # no pad token: pad_id names no row and embeds as zero (FORMAT.md)
+            real = ops.not_equal(ids, c.pad_id)  # (B, L)
+            x = self.embedding(ops.where(real, ids, ops.zeros_like(ids)))  # (B, L, d)
+            x = ops.where(real[..., None], x, ops.zeros_like(x))
+        else:
+            x = self.embedding(ids)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         # rosetta: end

@@ -612,7 +612,11 @@ class Stack(nn.Module):
         the sum before the dropout."""
         c = self.config
         # rosetta: embeddings
-        x = self.embedding(ids)  # (B, L, d)
+        if c.virtual_pad:  # no pad token: pad_id names no row and embeds as zero (FORMAT.md)
+            real = ids != c.pad_id  # (B, L)
+            x = torch.where(real[..., None], self.embedding(torch.where(real, ids, 0)), 0.0)
+        else:
+            x = self.embedding(ids)  # (B, L, d)
         if c.scale_embeddings:
             x = x * math.sqrt(c.d_model)
         # rosetta: end

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from transformer_rosetta.errors import WeightFileError
 from transformer_rosetta.files.array_writes import write_array, write_arrays, write_at
+from transformer_rosetta.files.os_names import library_path
 from transformer_rosetta.files.outputs import atomic_write
 from transformer_rosetta.files.safe_read import listing, os_problem, shown
 from transformer_rosetta.files.zip_records import Member, ZipLayoutError, set_crc32, stored_members
@@ -343,7 +344,10 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         with warnings.catch_warnings():
             # Plain pickles (protocol 4, not torch.save's 2) make torch warn; the load is the same.
             warnings.simplefilter("ignore", UserWarning)
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
+            # torch's zip reader takes the name as UTF-8: a name that is not (the C locale's
+            # non-ASCII names) goes by the open file's (files/os_names.py).
+            with library_path(path) as name:
+                obj = torch.load(name, map_location="cpu", weights_only=True, mmap=mapped)
     except FileNotFoundError:
         raise WeightFileError(name, ["no such file"]) from None
     except PermissionError:

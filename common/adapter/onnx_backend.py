@@ -14,6 +14,7 @@ parity (docs/PORTING.md, "ONNX").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from transformer_rosetta.decoding.search import (
     check_stepper_request,
 )
 from transformer_rosetta.errors import InputError
+from transformer_rosetta.files.os_names import library_path
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.inputs import check_inputs
 from transformer_rosetta.spec.names import canonical_shapes, onnx_cache_names
@@ -65,6 +67,9 @@ def session(model: object, device: str = "cpu", precision: str = DEFAULT_PRECISI
         providers = [("CUDAExecutionProvider", {"device_id": index, "use_tf32": tf32})]
     else:
         providers = ["CPUExecutionProvider"]
+    if isinstance(model, (str, os.PathLike)):  # onnxruntime takes a name as UTF-8 only
+        with library_path(model) as name:
+            return ort.InferenceSession(name, options, providers=providers)
     return ort.InferenceSession(model, options, providers=providers)
 
 

@@ -17,8 +17,9 @@ import numpy as np
 from transformer_rosetta.adapter.backends import Model
 from transformer_rosetta.decoding.sampling import check_sampling_args, sample_search
 from transformer_rosetta.decoding.search import Decoded, beam_search, greedy_search
-from transformer_rosetta.errors import InputError
+from transformer_rosetta.errors import InputError, InputTypeError
 from transformer_rosetta.files.safe_read import brief
+from transformer_rosetta.spec.arguments import check_flag, check_int, check_seed
 from transformer_rosetta.spec.config import TransformerConfig
 
 STRATEGIES = ("greedy", "beam", "sample")
@@ -26,6 +27,34 @@ STRATEGIES = ("greedy", "beam", "sample")
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_decoding_options(
+    *,
+    max_new_tokens: int,
+    strategy: str,
+    beam: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int = 0,
+    cached: bool = True,
+    stop_at_eos: bool = True,
+) -> None:
+    """The one check of how to decode, for `rosetta generate` and the API's generate alike:
+    InputError (InputTypeError for a wrong type), one line naming the argument. Every argument
+    given is checked whatever the strategy (a beam of 0 is refused under greedy too, as --beam 0
+    is on the command line): a value that would be ignored is a mistake all the same."""
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise InputError(f"strategy: unknown {brief(strategy)}; allowed: {', '.join(STRATEGIES)}")
+    check_int(max_new_tokens, "max_new_tokens", minimum=1)
+    check_int(beam, "beam", minimum=1)
+    check_flag(stop_at_eos, "stop_at_eos")
+    if strategy == "beam" and not stop_at_eos:
+        raise InputError("stop_at_eos: beam search always ends a hypothesis at EOS")
+    check_sampling_args(temperature, top_k, top_p)
+    check_seed(seed)
+    check_flag(cached, "cached")
 
 
 def check_generation(
@@ -39,6 +68,8 @@ def check_generation(
     top_k: int | None,
     top_p: float | None,
     stop_at_eos: bool,
+    seed: int = 0,
+    cached: bool = True,
 ) -> list[np.ndarray]:
     """The prompts as int64 rows, once every argument is one the model can take; InputError,
     one line naming the argument (and the prompt, counted from 1), otherwise."""
@@ -47,17 +78,22 @@ def check_generation(
             f"generate: {config.a_model_of_its_kind} does not continue prompts; generate_ids "
             "takes a decoder-only model (num_encoder_layers 0)"
         )
-    if strategy not in STRATEGIES:
-        raise InputError(f"strategy: unknown {brief(strategy)}; allowed: {', '.join(STRATEGIES)}")
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens: must be an integer >= 1, got {brief(max_new_tokens)}")
-    if strategy == "beam" and (not _is_int(beam) or beam < 1):
-        raise InputError(f"beam: must be an integer >= 1, got {brief(beam)}")
-    if strategy == "beam" and not stop_at_eos:
-        raise InputError("stop_at_eos: beam search always ends a hypothesis at EOS")
-    if strategy == "sample":
-        check_sampling_args(temperature, top_k, top_p)
-    if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+    check_decoding_options(
+        max_new_tokens=max_new_tokens,
+        strategy=strategy,
+        beam=beam,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        cached=cached,
+        stop_at_eos=stop_at_eos,
+    )
+    if (
+        isinstance(prompts, (str, bytes))
+        or not isinstance(prompts, (Sequence, np.ndarray))
+        or len(prompts) == 0
+    ):
         raise InputError("prompts: give at least one prompt, a sequence of token ids")
     return [_checked_prompt(config, p, n, max_new_tokens) for n, p in enumerate(prompts, 1)]
 
@@ -67,6 +103,8 @@ def _checked_prompt(
 ) -> np.ndarray:
     if isinstance(prompt, (str, bytes)):
         raise InputError(f"prompt {n}: token ids are needed, got text (encode it first)")
+    if not isinstance(prompt, (Sequence, np.ndarray)):
+        raise InputTypeError(f"prompt {n}: must be a sequence of token ids, got {brief(prompt)}")
     ids = list(prompt)
     if not ids:
         raise InputError(f"prompt {n}: empty; a prompt needs at least one token id")
@@ -137,6 +175,8 @@ def generate_ids(
         top_k=top_k,
         top_p=top_p,
         stop_at_eos=stop_at_eos,
+        seed=seed,
+        cached=cached,
     )
 
     def start(src: np.ndarray, beams: int, max_steps: int) -> Any:

@@ -19,13 +19,21 @@ from typing import TYPE_CHECKING, TypeGuard, overload
 import numpy as np
 
 from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, get_backend
-from transformer_rosetta.app.parity import resolve_devices
+from transformer_rosetta.app.parity import check_device_request, resolve_devices
 from transformer_rosetta.app.tasks import Task, get_task
-from transformer_rosetta.errors import InputError, RosettaError
+from transformer_rosetta.errors import InputError, InputTypeError, RosettaError
+from transformer_rosetta.files.safe_read import brief
+from transformer_rosetta.spec.arguments import (
+    check_choice,
+    check_flag,
+    check_int,
+    check_path,
+    check_text,
+)
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import DTYPES
 from transformer_rosetta.spec.inputs import check_inputs
-from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, PRECISIONS
 from transformer_rosetta.spec.results import ForwardOutput
 from transformer_rosetta.weights.format import (
     META_TASK,
@@ -92,8 +100,10 @@ class RosettaModel:
         """One eval-mode forward pass on token ids (B, S) and decoder input ids (B, T) (starting
         with BOS); a half of the family takes only its own input. `.named()` of the result gives
         every array under docs/PARITY.md's canonical names."""
-        src_ids = None if src is None else np.asarray(src, dtype=np.int64)
-        tgt_ids = None if tgt is None else np.asarray(tgt, dtype=np.int64)
+        check_flag(attention, "attention")
+        check_flag(hidden_states, "hidden_states")
+        src_ids = _id_array(src, "src")
+        tgt_ids = _id_array(tgt, "tgt")
         src_ids, tgt_ids = check_inputs(self.config, src_ids, tgt_ids)
         return self.built.forward(
             src_ids, tgt_ids, attention=attention, hidden_states=hidden_states
@@ -106,15 +116,23 @@ class RosettaModel:
         with). An existing file is kept unless force=True. `max_shard_size` (bytes) writes a
         folder of shards in Hugging Face's layout instead (docs/FORMAT.md, "Sharded files")."""
         from transformer_rosetta.files.outputs import check_output_file, check_output_folder
-        from transformer_rosetta.weights.shards import replaced_files
+        from transformer_rosetta.weights.shards import check_shard_size, replaced_files
 
+        check_path(path, "path")
+        check_flag(force, "force")
+        # The API's words in a refusal: "path: ... exists; pass force=True", not the CLI's --force.
         if max_shard_size is None:
-            out = check_output_file(str(path), what="save", force=force, suffix=".safetensors")
+            out = check_output_file(
+                path, what="path", force=force, suffix=".safetensors", force_word="force=True"
+            )
         else:
+            check_shard_size(max_shard_size)
             dtype = self.dtype if self.dtype in DTYPES else "float32"
             planned = planned_files(self.config, dtype, max_shard_size)
             names = replaced_files(path, planned)
-            out = check_output_folder(str(path), names, what="save", force=force)
+            out = check_output_folder(
+                path, names, what="path", force=force, force_word="force=True"
+            )
         tensors = self.built.export()
         producer = get_backend(self.framework).version()
         metadata = self.metadata or {}
@@ -243,6 +261,37 @@ class RosettaModel:
         every framework for the same seed). Returns what it was given: text for text (through
         the model's tokenizer or task), ids for ids; a list for a list of inputs."""
         self._refuse_unless("decoder", "generate", "embed")
+        # Every argument first, whatever the model's kind and the strategy (generation.py's one
+        # check, the one `rosetta generate` makes): beam=0 is refused under greedy too.
+        check_flag(sample, "sample")
+        check_int(beam, "beam", minimum=1)
+        if sample and beam != 1:
+            raise InputError(
+                f"beam: sampling draws one sequence per prompt; give beam=1 (the default) or "
+                f"sample=False, got beam={brief(beam)}"
+            )
+        given = [name for name, value in (("top_k", top_k), ("top_p", top_p)) if value is not None]
+        is_number = isinstance(temperature, (int, float, np.number)) and not isinstance(
+            temperature, (bool, np.bool_)
+        )
+        if not (is_number and temperature == 1.0):  # 1.0 is the default: no temperature asked
+            given.insert(0, "temperature")
+        if given and not sample:  # as `rosetta generate` refuses --temperature without --sample
+            raise InputError(
+                f"{given[0]}: applies to sample=True; pass sample=True or leave it out"
+            )
+        from transformer_rosetta.app.generation import check_decoding_options
+
+        check_decoding_options(
+            max_new_tokens=max_new_tokens,
+            strategy="sample" if sample else "beam" if beam > 1 else "greedy",
+            beam=beam,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            cached=cached,
+        )
         single, items = _as_batch(inputs)
         texts = [isinstance(item, str) for item in items]
         if any(texts) and not all(texts):
@@ -286,11 +335,17 @@ class RosettaModel:
         from transformer_rosetta.app.embedding import embed_ids, embed_texts
 
         self._refuse_unless("encoder_only", "embed", "generate")
+        check_int(batch_size, "batch_size", minimum=1)
         if isinstance(inputs, np.ndarray):
             return embed_ids(self.built, inputs)
+        if not isinstance(inputs, (str, Sequence)):
+            raise InputTypeError(
+                f"inputs: give a text, a list of texts, or token ids as one 2-D numpy array; "
+                f"got {brief(inputs)}"
+            )
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         if not all(isinstance(t, str) for t in texts):
-            raise InputError("embed: give texts, or token ids as one 2-D numpy array")
+            raise InputError("inputs: give texts, or token ids as one 2-D numpy array")
         return embed_texts(self.built, self._need_tokenizer("embed"), texts, batch_size=batch_size)
 
     encode = embed  # sentence-transformers' name for it
@@ -365,6 +420,10 @@ def _as_batch(inputs: Prompt | Sequence[Prompt]) -> tuple[bool, list[Prompt | in
         return True, [inputs]
     if isinstance(inputs, np.ndarray):
         return (True, [inputs]) if inputs.ndim == 1 else (False, list(inputs))
+    if not isinstance(inputs, Sequence):
+        raise InputTypeError(
+            f"inputs: give a text, token ids, or a list of them; got {brief(inputs)}"
+        )
     items = list(inputs)
     if _all_ids(items):
         return True, [items]
@@ -374,6 +433,22 @@ def _as_batch(inputs: Prompt | Sequence[Prompt]) -> tuple[bool, list[Prompt | in
 def _all_ids(items: list[Prompt | int]) -> TypeGuard[list[int]]:
     """Whether items is one row of token ids (python or numpy integers), not a list of inputs."""
     return bool(items) and all(isinstance(i, (int, np.integer)) for i in items)
+
+
+def _id_array(ids: object, name: str) -> np.ndarray | None:
+    """Token ids (B, L) as an array, its dtype as given: check_inputs refuses floats by name
+    (a cast to int64 here would turn 1.5 into 1 silently) and a ragged or textual list is an
+    InputError naming the input, not numpy's own ValueError."""
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)):
+        raise InputTypeError(f"{name}: must be token ids (B, L), got text {brief(ids)}")
+    try:
+        return np.asarray(ids)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"{name}: must be token ids of shape [batch, length], rows of one length"
+        ) from None
 
 
 def resolve_device(framework: str, request: str, *, prefix: str = "") -> str:
@@ -430,8 +505,17 @@ def load(
     "cuda:N"/"gpu:N", "mps". dtype: "float32" (the frameworks' default), "float64" (the
     oracle's), "bfloat16". Weights holding NaN or Inf are refused unless allow_nonfinite.
     Raises RosettaError (WeightFileError, BackendUnavailable, InputError) with one line."""
+    check_path(path, "path")
+    check_text(framework, "framework")
     if framework not in FRAMEWORKS:
-        raise RosettaError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+        raise InputError(
+            f"framework: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}"
+        )
+    check_device_request(device)
+    if dtype is not None:
+        check_text(dtype, "dtype")
+    check_choice(precision, "precision", PRECISIONS)
+    check_flag(allow_nonfinite, "allow_nonfinite")
     wf = load_weights(path)
     check_finite(path, wf.tensors, allow_nonfinite)
     built = build_model(

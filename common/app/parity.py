@@ -23,11 +23,19 @@ from transformer_rosetta.adapter.backends import (
     get_backend,
     unavailable_reason,
 )
-from transformer_rosetta.errors import InputError, RosettaError
+from transformer_rosetta.errors import InputError, InputTypeError, RosettaError
+from transformer_rosetta.files.safe_read import brief
 from transformer_rosetta.oracle import reference
+from transformer_rosetta.spec.arguments import (
+    check_choice,
+    check_instance,
+    check_path,
+    check_seed,
+    check_text,
+)
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.mesh import MeshShape
-from transformer_rosetta.spec.precision import DEFAULT_PRECISION
+from transformer_rosetta.spec.precision import DEFAULT_PRECISION, PRECISIONS
 from transformer_rosetta.spec.results import ForwardOutput
 from transformer_rosetta.spec.tolerances import atol_for
 
@@ -202,6 +210,23 @@ def resolve_devices(backend_name: str, devices: Sequence[str], request: str) -> 
 
 
 DEVICE_REQUESTS = "auto, cpu, gpu, all, cuda:N, gpu:N, mps"
+
+
+def check_device_request(request: object, name: str = "device") -> str:
+    """A device request of the form resolve_devices reads (auto, cpu, gpu, cuda, mps, all, gpu:N,
+    cuda:N); whether a framework sees that device is known only once the framework is. The one
+    check of --device's form (app/cli/args.py, device_arg) and of the API's device=."""
+    request = check_text(request, name)
+    kind, colon, index = request.partition(":")
+    if request in ("auto", "cpu", "gpu", "cuda", "mps", "all") or (
+        kind in ("gpu", "cuda") and colon and index.isdigit()
+    ):
+        return request
+    raise InputError(f"{name}: unknown {brief(request)}; allowed: {DEVICE_REQUESTS}")
+
+
+# The dtypes a parity run computes in (`rosetta parity --dtype`); the oracle is float64.
+PARITY_DTYPES = ("float32", "float64", "bfloat16")
 
 
 def run_framework(
@@ -381,6 +406,29 @@ def parity(
     from transformer_rosetta.weights.format import load_weights
     from transformer_rosetta.weights.init import init_weights
 
+    # Every argument by its name before any work, as `rosetta parity` checks its options.
+    if weights is not None:
+        check_path(weights, "weights")
+    check_text(preset, "preset")
+    if config is not None:
+        check_instance(config, "config", TransformerConfig, "a TransformerConfig or None")
+    if isinstance(frameworks, str):
+        frameworks = [frameworks]
+    if not isinstance(frameworks, Sequence) or not all(isinstance(f, str) for f in frameworks):
+        raise InputTypeError(
+            f"frameworks: must be a list of framework names ({', '.join(RUNTIMES)}), got "
+            f"{brief(frameworks)}"
+        )
+    unknown = [f for f in frameworks if f not in RUNTIMES]
+    if unknown:
+        raise InputError(
+            f"frameworks: unknown framework {', '.join(map(repr, unknown))}; known: "
+            f"{', '.join(RUNTIMES)}"
+        )
+    check_choice(dtype, "dtype", PARITY_DTYPES)
+    check_device_request(device)
+    check_choice(precision, "precision", PRECISIONS)
+    check_seed(seed)
     if weights is not None:
         wf = load_weights(weights, config=config)
         config, tensors = wf.config, wf.tensors
@@ -392,7 +440,7 @@ def parity(
             config, DEFAULT_BATCH, DEFAULT_LENGTHS["src"], DEFAULT_LENGTHS["tgt"], seed
         )
     src, tgt = check_inputs(config, src, tgt)
-    chosen = [frameworks] if isinstance(frameworks, str) else list(frameworks)
+    chosen = list(frameworks)
     return run_parity(
         config,
         tensors,

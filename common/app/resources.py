@@ -14,12 +14,14 @@ from transformer_rosetta.files.memory import USABLE_FRACTION as USABLE_FRACTION
 from transformer_rosetta.files.memory import ResourceError as ResourceError
 from transformer_rosetta.files.memory import check_fits as check_fits
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.names import parameter_count
+from transformer_rosetta.spec.names import parameter_count, position_buffer_count
 
 
 def weights_bytes(config: TransformerConfig, itemsize: int = 8) -> int:
-    """The weights of `config` at `itemsize` bytes a number."""
-    return parameter_count(config) * itemsize
+    """The weights of `config` at `itemsize` bytes a number, with the position tables that every
+    framework's model computes when it is built (max_len rows, whatever the request's lengths):
+    a max_len no tensor bounds would otherwise be allocated unchecked."""
+    return (parameter_count(config) + position_buffer_count(config)) * itemsize
 
 
 def forward_bytes(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:

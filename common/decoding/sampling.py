@@ -31,25 +31,41 @@ from transformer_rosetta.decoding.search import (
     Stepper,
     StepperFactory,
     check_search_args,
+    check_search_call,
     token_by_token,
 )
-from transformer_rosetta.errors import InputError
+from transformer_rosetta.errors import InputError, InputTypeError
+from transformer_rosetta.files.safe_read import brief
+from transformer_rosetta.spec.arguments import check_flag, check_seed, is_integer
 from transformer_rosetta.spec.config import TransformerConfig
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """InputError, one line naming the argument, for a temperature <= 0, a top_k < 1 or a top_p
-    outside (0, 1]: transformers' own limits (it treats top_k 0 as "off"; here that is None)."""
-    if isinstance(temperature, bool) or not (
-        isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0
-    ):
+    outside (0, 1]: transformers' own limits (it treats top_k 0 as "off"; here that is None).
+    A value of the wrong type (a string, a bool) is an InputTypeError, which is also a TypeError."""
+    if not _is_number(temperature):
+        raise InputTypeError(f"temperature: must be a number > 0, got {brief(temperature)}")
+    if not (np.isfinite(temperature) and temperature > 0):
         raise InputError(f"temperature: must be a number > 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and not is_integer(top_k):
+        raise InputTypeError(
+            f"top_k: must be an integer >= 1 (or None: no top-k), got {brief(top_k)}"
+        )
+    if top_k is not None and top_k < 1:
         raise InputError(f"top_k: must be an integer >= 1 (or None: no top-k), got {top_k!r}")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-    ):
+    if top_p is not None and not _is_number(top_p):
+        raise InputTypeError(
+            f"top_p: must be a number in (0, 1] (or None: no top-p), got {brief(top_p)}"
+        )
+    if top_p is not None and not 0 < top_p <= 1:
         raise InputError(f"top_p: must be a number in (0, 1] (or None: no top-p), got {top_p!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
 
 
 def filtered_log_probs(
@@ -114,7 +130,11 @@ def sample_search(
     outputs as greedy_search; stop_at_eos=False decodes every row to its limit."""
     check_sampling_args(temperature, top_k, top_p)
     check_search_args(1, extra_len)
-    rng = np.random.default_rng(seed)
+    src = check_search_call(start, c, src)
+    check_flag(stop_at_eos, "stop_at_eos")
+    # default_rng would also take None (fresh OS entropy: no longer "the same tokens for the same
+    # seed"), a negative number or a string only with numpy's own errors.
+    rng = np.random.default_rng(check_seed(seed))
 
     def draw(stepper: Stepper, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         log_probs = filtered_log_probs(

@@ -28,7 +28,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from transformer_rosetta.errors import InputError
+from transformer_rosetta.errors import InputError, InputTypeError
+from transformer_rosetta.files.safe_read import brief
+from transformer_rosetta.spec.arguments import check_callable, check_flag, check_instance, check_int
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.inputs import check_ids, check_length
 
@@ -94,6 +96,15 @@ def start_tokens(c: TransformerConfig, src: np.ndarray, beams: int) -> np.ndarra
     if c.has_encoder:
         return np.full(src.shape[0] * beams, c.bos_id, dtype=np.int64)
     return np.repeat(np.asarray(src, dtype=np.int64)[:, -1], beams)
+
+
+def filler_id(c: TransformerConfig) -> int:
+    """What a search feeds a row that is done (and a beam slot left empty), so that the batch
+    stays rectangular; nothing reads what that row computes next. The pad id, which the cache
+    masks; a model without a pad token (TransformerConfig.virtual_pad, whose pad_id names no
+    token, and which a stepper, taking the vocabulary's ids only, refuses) feeds its EOS, as
+    transformers' generate does when pad_token_id is None."""
+    return c.eos_id if c.virtual_pad else c.pad_id
 
 
 def check_row_ids(values: np.ndarray, name: str, rows: int, high: int) -> np.ndarray:
@@ -185,10 +196,30 @@ def row_limits(c: TransformerConfig, src: np.ndarray, extra_len: int) -> np.ndar
 
 
 def check_search_args(beams: int, extra_len: int) -> None:
-    if beams < 1:
-        raise InputError(f"beam: must be >= 1, got {beams}")
-    if extra_len < 1:
-        raise InputError(f"extra length: must be >= 1, got {extra_len}")
+    """beam and extra_len as the searches name them: integers >= 1 (InputTypeError otherwise,
+    which is also a TypeError; InputError for 0 or a negative count)."""
+    check_int(beams, "beam", minimum=1)
+    check_int(extra_len, "extra_len", minimum=1)
+
+
+def check_search_call(start: StepperFactory, c: TransformerConfig, src: np.ndarray) -> np.ndarray:
+    """What every search is given, checked before the first step and named as its parameters
+    are: `start` a stepper factory, `c` a TransformerConfig of a model with a decoder, `src`
+    (B, S) integer token ids (a decoder-only model's prompts), returned as an array. Their
+    range is the stepper's check (check_stepper_request), which knows the model's ids."""
+    check_callable(start, "start", "a stepper factory, (src, beams, max_steps) -> Stepper")
+    check_instance(c, "c", TransformerConfig, "a TransformerConfig")
+    if not c.has_decoder:
+        raise InputError("c: an encoder-only model (num_decoder_layers 0) does not generate")
+    try:
+        ids = np.asarray(src)
+    except (TypeError, ValueError):  # a ragged list of rows
+        raise InputError("src: must be token ids of shape [batch, length]") from None
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"src: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2 or 0 in ids.shape:
+        raise InputError(f"src: must be token ids of shape [batch, length], got {list(ids.shape)}")
+    return ids
 
 
 # One step's choice for every row: (token ids, their log-probabilities), each (rows,).
@@ -230,7 +261,7 @@ def token_by_token(
         done |= lengths >= limits
         if done.all():
             break
-        tokens = np.where(done, c.pad_id, chosen)
+        tokens = np.where(done, filler_id(c), chosen)
     decoded = [
         out[i, : lengths[i] - int(finished[i])] for i in range(rows)
     ]  # drop EOS, keep the rest
@@ -248,6 +279,8 @@ def greedy_search(
     """Pick the argmax token at every step until each row has emitted EOS or reached its limit.
     stop_at_eos=False decodes every row to its limit (benchmarks: a fixed number of tokens)."""
     check_search_args(1, extra_len)
+    src = check_search_call(start, c, src)
+    check_flag(stop_at_eos, "stop_at_eos")
 
     def argmax(stepper: Stepper, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         best_logp, best = (a[:, 0] for a in top_log_probs(stepper, tokens, 1))  # ties: lower id
@@ -274,6 +307,11 @@ def beam_search(
     worst of them even at the limit (log P only falls; lp is largest at the limit).
     """
     check_search_args(beam, extra_len)
+    src = check_search_call(start, c, src)
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.number)):
+        raise InputTypeError(f"alpha: must be a finite number, got {brief(alpha)}")
+    if not np.isfinite(alpha):
+        raise InputError(f"alpha: must be a finite number, got {alpha!r}")
     limits = row_limits(c, src, extra_len)
     batch, k = src.shape[0], beam
     stepper = start(src, k, int(limits.max()))
@@ -293,7 +331,7 @@ def beam_search(
         flat = ((np.arange(n) % k)[:, None] * vocab + ids).reshape(batch, k * width)
         order = np.lexsort((flat, -total), axis=-1)[:, : 2 * k]  # (batch, 2k)
         next_rows = np.zeros(n, dtype=np.int64)
-        next_tokens = np.full(n, c.pad_id, dtype=np.int64)
+        next_tokens = np.full(n, filler_id(c), dtype=np.int64)
         next_logp = np.full(n, -np.inf)
         length = t + 1
         for b in range(batch):

@@ -9,6 +9,9 @@ The promise (docs/RELIABILITY.md):
   same command; a folder, a device node, a FIFO or a socket is never replaced, `--force` or not;
 - a file is written under a temp folder beside it, fsynced, then renamed over the destination in
   one step, so a reader sees the old file or the new one, never half of one;
+- a folder (a model's: Marian, Llama, shards) is staged whole and replaces the old folder as a
+  whole in one exchange (publish), never merged into it; a file or folder that was absent when
+  checked and appears meanwhile is left as it is;
 - SIGTERM, SIGHUP and SIGINT during a write remove the temp folder before the process exits
   (SIGKILL cannot be caught: its `.NAME.*.partial` folder stays, and nothing ever reads it).
 """
@@ -16,14 +19,19 @@ The promise (docs/RELIABILITY.md):
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from transformer_rosetta.errors import RosettaError
 from transformer_rosetta.files.safe_read import shown
@@ -38,6 +46,12 @@ _NEW: set[str] = set()
 CAUGHT_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
+# The signals held back (blocked) while a few steps must happen all or none (a temp folder made
+# and registered; a staged result moved into place): every catchable one, Ctrl-C's included.
+HELD_SIGNALS = (*CAUGHT_SIGNALS, signal.SIGINT)
+# Existing folders checked by check_output_folder -> the names they held then: a name that the
+# move into place would replace or drop, and that was not there when checked, appeared since.
+_CHECKED: dict[str, frozenset[str]] = {}
 
 
 class OutputError(RosettaError):
@@ -103,16 +117,9 @@ def _make_temp_folder(folder: Path, name: str) -> str:
     """A new `.NAME.XXXX.partial` folder in `folder`, registered for removal on a signal. The
     catchable signals are held back while it is made and registered, so that no signal can
     land between the two and leave it behind."""
-    held = set(CAUGHT_SIGNALS) | {signal.SIGINT}
-    in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
+    with signals_held():
         tmpdir = tempfile.mkdtemp(prefix=_temp_prefix(name), suffix=".partial", dir=folder)
         _PENDING.add(tmpdir)
-    finally:
-        if in_main:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return tmpdir
 
 
@@ -134,10 +141,12 @@ def check_output_file(
     force: bool = False,
     suffix: str | None = None,
     inputs: Iterable[str | os.PathLike | None] = (),
+    force_word: str = "--force",
 ) -> Path:
     """The checks made before any work whose result goes to `path`; returns the path to write
     (a link is followed, as `cp` follows one). `inputs` are the files the command reads: none of
-    them may be the destination, even with --force."""
+    them may be the destination, even with --force. `what` and `force_word` are the caller's
+    words for the destination and the overwrite ("path" and "force=True" in the Python API)."""
     if not os.fspath(path):
         raise OutputError(f"{what}: the file name is empty")
     # Read twice below; None and "" are no file.
@@ -155,12 +164,12 @@ def check_output_file(
                 "refusing to replace it"
             )
         if not force:
-            raise OutputError(f"{what}: {shown(path)} exists; pass --force to overwrite it")
+            raise OutputError(f"{what}: {shown(path)} exists; pass {force_word} to overwrite it")
         for source in given:
             if _same_file(path, Path(source)):
                 raise OutputError(
                     f"{what}: {shown(path)} is also an input of this command; refusing to "
-                    "overwrite what it reads (--force does not apply)"
+                    f"overwrite what it reads ({force_word} does not apply)"
                 )
     refuse_inside_an_input(path, given, what)
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
@@ -200,10 +209,14 @@ def check_output_folder(
     force: bool = False,
     inputs: Iterable[str | os.PathLike | None] = (),
     needed: int = 0,
+    force_word: str = "--force",
 ) -> Path:
     """The checks for a command that writes `names` into `folder` (made if absent): the folder,
     or its nearest existing ancestor, must be a folder we can write in, and each file is checked
-    as check_output_file checks one. Nothing is created here."""
+    as check_output_file checks one. Nothing is created here. Returns the folder to write (a link
+    to a folder is followed, as `cp` follows one). What is found is recorded for the move into
+    place (publish): a folder absent now that appears meanwhile is left alone, and so is a file
+    of an existing folder that was not there now and that the move would replace."""
     if not os.fspath(folder):
         raise OutputError(f"{what}: the folder name is empty")
     folder = Path(folder)
@@ -218,12 +231,24 @@ def check_output_folder(
             probe_folder(ancestor, what, name)
             _NEW.add(os.path.abspath(folder / name))
         check_free_space(ancestor, needed, what)
+        _NEW.add(os.path.abspath(folder))
+        _CHECKED.pop(os.path.abspath(folder), None)
         return folder
     if not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{what}: {shown(folder)} exists and is not a folder")
+    if folder.is_symlink():  # the folder replaced is the link's, and staged beside it
+        folder = Path(os.path.realpath(folder))
+    try:
+        present = frozenset(os.listdir(folder))
+    except OSError as exc:
+        raise OutputError(f"{what}: {shown(folder)}: {_reason(exc)}") from None
     for name in names:
-        check_output_file(folder / name, what=what, force=force, inputs=inputs)
+        check_output_file(
+            folder / name, what=what, force=force, inputs=inputs, force_word=force_word
+        )
     check_free_space(folder, needed, what)
+    _NEW.discard(os.path.abspath(folder))
+    _CHECKED[os.path.abspath(folder)] = present
     return folder
 
 
@@ -326,30 +351,270 @@ def staged(path: str | os.PathLike) -> Iterator[Path]:
         _remove_temp_folder(tmpdir)
 
 
-def publish(stage: Path, path: Path) -> None:
-    """Move a staged file into place in one step (as atomic_write does), or a staged folder's
-    files: the folder itself when `path` does not exist yet, else file by file over the ones of
-    the same name (each rename whole). The catchable signals are held while it runs, so that a
-    signal lands before it (nothing replaced) or after it (all replaced)."""
-    held = set(CAUGHT_SIGNALS) | {signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
+def publish(
+    stage: Path, path: Path, *, drops: Callable[[Path], Iterable[str]] | None = None
+) -> None:
+    """Move a staged file or folder into place, the last step of a write (staged). The catchable
+    signals, Ctrl-C's included, are held while it runs, so that a signal lands before it
+    (nothing replaced) or after it (all replaced), never between two of its steps.
+
+    A file is renamed over `path` in one step (as atomic_write does). A folder is moved whole,
+    never merged into the old one file by file:
+    - absent when checked (check_output_folder) and present now: left as it is, OutputError;
+      two runs racing to the same new folder end with the first one's folder whole;
+    - absent now: the stage is renamed into place, failing rather than replace a folder that
+      appeared in the meantime;
+    - existing: the stage replaces it whole, in one exchange of the two folders (or, where the
+      OS cannot exchange them, a rename aside and back on failure). The old folder's files that
+      the new one lacks and that `drops(path)` does not name (a README, a tokenizer; not the
+      stale shards of an earlier split) are linked into the stage first, so nothing that is not
+      the model is lost, and never missing. A file the move would replace or drop that was not
+      there when the folder was checked appeared meanwhile: OutputError, nothing changed.
+    """
+    with signals_held():
         if stage.is_dir():
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(stage, path)
-                _NEW.discard(os.path.abspath(path))
-            else:
-                for item in sorted(stage.iterdir()):
-                    os.chmod(item, _mode_for(path / item.name))
-                    os.replace(item, path / item.name)
-                _fsync_folder(path)
+            _publish_folder(stage, path, drops)
         else:
             os.chmod(stage, _mode_for(path))
             _move_into_place(str(stage), path)
         _fsync_folder(path.parent if str(path.parent) else Path("."))
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """The catchable signals (HELD_SIGNALS) wait while inside, and are handled as soon as it
+    ends: steps that must happen all or not at all (a few renames) are never split by one.
+
+    Blocking them in this thread (pthread_sigmask) is not enough: the kernel hands a signal
+    sent to the process to any thread that does not block it (a writer thread, a BLAS worker),
+    and Python then runs its handler in the main thread all the same. So the main thread's
+    handlers are swapped for one that only notes the signal, and each noted signal is raised
+    again, to the handler it was meant for, once the steps are done. Elsewhere than in the main
+    thread (which alone runs handlers and may set them) the signals are blocked for this thread."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    noted: list[int] = []
+    handlers: dict[int, Any] = {}  # signal.signal's handler types: a callable, SIG_DFL, SIG_IGN
+    if threading.current_thread() is threading.main_thread():
+        for sig in HELD_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: a handler set outside Python, kept
+                handlers[sig] = signal.signal(sig, lambda signum, _frame: noted.append(signum))
+    try:
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one pending here is noted too
+        for sig, handler in handlers.items():  # signal.signal runs any handler still due first
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
+
+
+def _appeared(path: Path, folder: Path | None = None) -> OutputError:
+    kept = f"{shown(folder)} was left as it is" if folder is not None else "it was left as it is"
+    return OutputError(
+        f"{shown(path)} appeared while this command worked; {kept}, and nothing was written"
+    )
+
+
+def _publish_folder(stage: Path, path: Path, drops: Callable[[Path], Iterable[str]] | None) -> None:
+    """publish for a staged folder (its docstring says the rule)."""
+    if path.is_symlink():  # a link to a folder: the folder is replaced, the link kept
+        path = Path(os.path.realpath(path))
+    key = os.path.abspath(path)
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and key in _NEW:
+        raise _appeared(path)
+    try:
+        if st is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _rename_new_folder(stage, path)
+        elif not stat.S_ISDIR(st.st_mode):
+            raise OutputError(
+                f"{shown(path)} is no longer a folder; it was left as it is, and nothing was "
+                "written"
+            )
+        else:
+            _replace_folder(stage, path, drops, _CHECKED.get(key))
+    except OSError as exc:
+        raise WriteFailed(f"cannot write {shown(path)}: {_reason(exc)}") from exc
+    for name in [n for n in _NEW if n == key or n.startswith(key + os.sep)]:
+        _NEW.discard(name)  # placed: a later write there replaces what this one wrote
+    _CHECKED.pop(key, None)
+    _fsync_folder(path)
+
+
+def _rename_new_folder(stage: Path, path: Path) -> None:
+    """Rename `stage` to `path`, which must not exist: where the OS can (renameat2's
+    RENAME_NOREPLACE) in one step that fails if it does; else after a look, and rename(2) itself
+    fails over a folder that holds anything (only an empty one that appeared in between could
+    be replaced, and it holds nothing to lose)."""
+    try:
+        if _renameat2(stage, path, _RENAME_NOREPLACE):
+            return
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        os.rename(stage, path)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise _appeared(path) from None
+        raise
+
+
+def _replace_folder(
+    stage: Path,
+    path: Path,
+    drops: Callable[[Path], Iterable[str]] | None,
+    checked: frozenset[str] | None,
+) -> None:
+    """Replace the existing folder `path` by `stage` whole (publish's rule). `checked`: the
+    names `path` held when check_output_folder saw it (None: never checked, a library call)."""
+    names = set(os.listdir(path))
+    ours = set(os.listdir(stage))
+    replaced = (ours | set(drops(path) if drops else ())) & names
+    for name in sorted(replaced):
+        if os.path.abspath(path / name) in _NEW or (checked is not None and name not in checked):
+            raise _appeared(path / name, path)
+    kept = sorted(names - replaced)
+    for name in kept:
+        try:
+            _link_tree(path / name, stage / name)
+        except OSError as exc:
+            raise OutputError(
+                f"cannot replace {shown(path)}: {shown(name)} in it cannot be kept in the new "
+                f"folder ({_reason(exc)}); it was left as it is, and nothing was written"
+            ) from None
+    os.chmod(stage, stat.S_IMODE(os.stat(path).st_mode))  # the folder keeps its permissions
+    _exchange(stage, path)  # one step: `path` is the new folder, `stage` the old one
+    try:
+        clashes = _carry_back(stage, path, set(kept), names)
+    except OSError as exc:
+        clashes, why = [], _reason(exc)
+    else:
+        why = ""
+    if clashes or why:  # the old folder is not removed (with the temp folder) but kept beside
+        aside = Path(tempfile.mkdtemp(prefix=f"{path.name[:40]}.replaced-", dir=path.parent))
+        os.rename(stage, aside / path.name)
+        what = (
+            f"{shown(path / clashes[0])} appeared while this command replaced {shown(path)}"
+            if clashes
+            else f"{shown(path)} was replaced, but its old files could not all be kept ({why})"
+        )
+        raise OutputError(f"{what}; the replaced folder is kept as {shown(aside / path.name)}")
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """`src` again at `dst` without a copy where the file system allows: each file hard-linked
+    (a link is linked itself, not followed), each folder made anew with the same permissions. A
+    file that cannot be linked (another file system, a file system without links) is copied;
+    the original replaces the copy after the swap (_carry_back)."""
+    st = os.lstat(src)
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst)
+        for name in os.listdir(src):
+            _link_tree(src / name, dst / name)
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISREG(st.st_mode):
+            shutil.copy2(src, dst)
+        else:
+            raise
+
+
+def _carry_back(old: Path, new: Path, kept: set[str], before: set[str]) -> list[str]:
+    """After the swap, what the old folder holds that the new one does not have as it is: what
+    another program changed or added there between the listing and the swap. Each such file is
+    moved into the new folder (the newer version wins over the link made before). Returns the
+    names that clash with the new model's own files, which are not moved."""
+    clashes = []
+    for name in sorted(os.listdir(old)):
+        if name in kept:
+            _merge_back(old / name, new / name)
+        elif name not in before:  # appeared during the swap
+            if os.path.lexists(new / name):
+                clashes.append(name)
+            else:
+                os.rename(old / name, new / name)
+    return clashes
+
+
+def _merge_back(src: Path, dst: Path) -> None:
+    """Make `dst` (its linked tree, _link_tree) hold what `src` holds now, moving from `src`
+    whatever is not already the same file at `dst`."""
+    s = os.lstat(src)
+    try:
+        d: os.stat_result | None = os.lstat(dst)
+    except FileNotFoundError:
+        d = None
+    if d is not None and stat.S_ISDIR(s.st_mode) and stat.S_ISDIR(d.st_mode):
+        for name in os.listdir(src):
+            _merge_back(src / name, dst / name)
+        return
+    if d is not None and os.path.samestat(s, d):
+        return
+    if d is not None:  # the link or copy made before the swap: the original replaces it
+        if stat.S_ISDIR(d.st_mode):
+            shutil.rmtree(dst)
+        else:
+            os.unlink(dst)
+    os.rename(src, dst)
+
+
+def _exchange(stage: Path, path: Path) -> None:
+    """Swap the folders `stage` and `path`: in one step where the OS can (renameat2's
+    RENAME_EXCHANGE, Linux); else `path` is renamed aside, `stage` into its place, and `path`
+    back if that fails. Afterwards `path` holds what `stage` held, and `stage` the old folder."""
+    if _renameat2(stage, path, _RENAME_EXCHANGE):
+        return
+    aside = stage.with_name(stage.name + ".old")
+    os.rename(path, aside)
+    try:
+        os.rename(stage, path)
+    except BaseException:
+        os.rename(aside, path)
+        raise
+    os.rename(aside, stage)
+
+
+# renameat2(2)'s flags (linux/fs.h) and AT_FDCWD (fcntl.h).
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_AT_FDCWD = -100
+
+
+@functools.cache
+def _libc_renameat2() -> Callable[..., int] | None:
+    """The C library's renameat2 (glibc 2.28+), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    function.argtypes += [ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """renameat2(src, dst, flags): True when it was done, False where the OS or the file system
+    lacks it (the caller then does it another way); any other failure is its OSError. The names
+    go to the OS as its bytes (os.fsencode), whatever the locale."""
+    function = _libc_renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(src), None, os.fspath(dst))
 
 
 def _move_into_place(tmp: str, path: Path) -> None:

@@ -231,8 +231,16 @@ def embed(w: Weights, stack: str, table: str, ids: np.ndarray, c: TransformerCon
 
     The scale (when scale_embeddings) multiplies the token embedding only: sinusoidal or learned,
     the positions are added unscaled. BERT's additions, when the config has them: row 0 of the
-    segment table (every token is of type 0), then a LayerNorm over the sum."""
-    x = w[table][ids]  # (B, L, d)
+    segment table (every token is of type 0), then a LayerNorm over the sum.
+
+    A model without a pad token (config.virtual_pad) pads with pad_id = tgt_vocab_size, which
+    names no row: it embeds as the zero vector (docs/FORMAT.md, step 2), positions added as
+    usual."""
+    if c.virtual_pad:
+        real = ids != c.pad_id  # (B, L)
+        x = np.where(real[..., None], w[table][np.where(real, ids, 0)], 0.0)
+    else:
+        x = w[table][ids]  # (B, L, d)
     if c.scale_embeddings:
         x = x * np.sqrt(c.d_model)
     length = ids.shape[1]

@@ -42,10 +42,13 @@ def label_smoothed_loss(
     logits = np.asarray(logits, np.float64)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
-    nll = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
+    keep = targets != pad_id
+    # A pad target is dropped below; the virtual pad (a model without a pad token pads with the
+    # id one past its vocabulary) names no class, so it is looked up as class 0 first.
+    picked = np.where(keep, targets, 0)[..., None]
+    nll = -np.take_along_axis(log_probs, picked, axis=-1)[..., 0]  # (B, T)
     uniform = -log_probs.mean(axis=-1)  # cross-entropy against the uniform distribution
     per_token = (1.0 - smoothing) * nll + smoothing * uniform
-    keep = targets != pad_id
     tokens = int(keep.sum())
     if tokens == 0:
         return 0.0, 0.0, 0

@@ -47,10 +47,11 @@ from transformer_rosetta.porting.hf_folder import (
     HfModel,
     model_folder,
     read_config_json,
+    read_folder_shapes,
     read_folder_weights,
     read_json_file,
 )
-from transformer_rosetta.porting.table import Rule, Table, rows, to_canonical
+from transformer_rosetta.porting.table import Rule, Table, check_counts, rows, to_canonical
 from transformer_rosetta.spec.config import TransformerConfig
 
 MODULES_FILE = "modules.json"  # sentence-transformers' pipeline: Transformer, Pooling, ...
@@ -121,7 +122,6 @@ BERT = HfModel(
     HF_DEFAULTS,
     HF_TYPES,
     HF_FIELD,
-    model_type_hint="RoBERTa-style models offset their positions by pad_token_id + 1",
     id_lists=False,  # BertModel's pad_token_id is its embedding's padding_idx: one integer
 )
 
@@ -388,6 +388,14 @@ TABLE = Table(
         "output_bias": False,
         "attention_bias": True,
     },
+    # What the shapes tell, checked against config.json (check_counts) before any work.
+    sizes={
+        "src_vocab_size": ("{prefix}embeddings.word_embeddings.weight", 0),
+        "d_model": ("{prefix}embeddings.word_embeddings.weight", 1),
+        "max_len": ("{prefix}embeddings.position_embeddings.weight", 0),
+        "type_vocab_size": ("{prefix}embeddings.token_type_embeddings.weight", 0),
+        "d_ff": ("{prefix}encoder.layer.0.intermediate.dense.weight", 0),
+    },
     optional_prefix=PREFIX,
     hints={
         "cls.predictions.bias": f"cls.predictions.* (the masked-LM head) {_HEAD}",
@@ -461,6 +469,9 @@ def import_bert(path: str | Path) -> BertImport:
     pooling, pooling_notes = sentence_pooling(folder, d_model)
     ids, id_notes = special_ids(folder, hf)
     config = bert_config(hf, ids, pooling)
+    # Every count of config.json against the header's shapes before any tensor is read or any
+    # name is built per layer.
+    check_counts(TABLE, config, read_folder_shapes(folder), BERT.name_keys)
     tensors, dropped = bert_to_canonical(read_folder_weights(folder), config, shown(folder))
     notes = (*dropped, *pooling_notes, *id_notes)
     return BertImport(config, tensors, notes)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, native_backend, tensor_reader
-from transformer_rosetta.errors import ConfigError, RosettaError, WeightFileError
+from transformer_rosetta.errors import ConfigError, InputTypeError, RosettaError, WeightFileError
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
-from transformer_rosetta.files.safe_read import is_int, regular_file, shown
+from transformer_rosetta.files.safe_read import brief, regular_file, shown
 from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
 from transformer_rosetta.porting.verify import (
     PROBE_SHAPES,
@@ -35,7 +35,14 @@ from transformer_rosetta.porting.verify import (
     why_not_runnable,
 )
 from transformer_rosetta.porting.verify import verify as run_verification
-from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.spec.arguments import (
+    check_callable,
+    check_choice,
+    check_flag,
+    check_mapping,
+    check_path,
+)
+from transformer_rosetta.spec.config import TransformerConfig, is_inline_json, read_config_fields
 from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
 from transformer_rosetta.spec.names import canonical_shapes, parameter_count
 from transformer_rosetta.weights import shards
@@ -140,13 +147,13 @@ def infer_source_kind(path: Path) -> str:
     kinds (a torch .pt/.bin is ours or an nn.Transformer's), from the tensor names inside."""
     if path.is_dir():
         if (path / "config.json").exists():
-            from transformer_rosetta.porting.hf_folder import model_type_of
-            from transformer_rosetta.porting.llama import ARCHITECTURES
+            from transformer_rosetta.porting.hf_folder import read_config_json
+            from transformer_rosetta.porting.unread import READ_MODEL_TYPES, unread_model_type
 
-            model_type = model_type_of(path)  # any other is read as Marian, which names it
-            if model_type in ARCHITECTURES:  # llama, mistral, qwen2
-                return "llama"
-            return model_type if model_type in ("gpt2", "bert") else "marian"
+            model_type = read_config_json(path).get("model_type")  # unreadable: names why
+            if isinstance(model_type, str) and model_type in READ_MODEL_TYPES:
+                return READ_MODEL_TYPES[model_type]
+            raise ConvertError(f"{path / 'config.json'}: {unread_model_type(model_type)}")
         if _holds_the_shared_format(path):
             return "rosetta"  # the shared format written in shards (save_weights' folder)
         if (path / "params.json").exists():
@@ -441,13 +448,70 @@ def write_destination(
 STAMPED_KINDS = ("rosetta", "marian", "llama", "onnx")
 
 
+def _checked_arguments(
+    src: object,
+    dst: object,
+    *,
+    from_kind: object,
+    to_kind: object,
+    config: object,
+    flags: Mapping[str, object],
+    also_read: object,
+    learned_positions: object,
+    verify: object,
+    onnx: object,
+    progress: object,
+    max_shard_size: object,
+) -> tuple[TransformerConfig | Mapping[str, Any] | None, tuple[str | Path, ...]]:
+    """convert()'s arguments, each checked by its name before anything is read, by the checks
+    the command line's options get (spec/arguments.py, shards.check_shard_size): InputError, or
+    InputTypeError for a wrong type. Returns the config as read_source takes it (a str or Path is
+    read as --config reads its value: the JSON itself when it starts with `{`, else a file,
+    which joins also_read) and also_read without inline JSON, which names no file."""
+    check_path(src, "src")
+    check_path(dst, "dst")
+    if from_kind is not None:
+        check_choice(from_kind, "from_kind", KINDS)
+    if to_kind is not None:
+        check_choice(to_kind, "to_kind", (*KINDS, *EXPORT_ONLY_KINDS))
+    for name, value in {**flags, "learned_positions": learned_positions}.items():
+        check_flag(value, name)
+    if verify is not None and not isinstance(verify, bool):
+        raise InputTypeError(
+            f"verify: must be True, False or None (where both sides can run), got {brief(verify)}"
+        )
+    if isinstance(also_read, (str, bytes, os.PathLike)) or not isinstance(also_read, Sequence):
+        raise InputTypeError(f"also_read: must be a list of file names, got {brief(also_read)}")
+    given = [check_path(f, "also_read") for f in also_read if f is not None]
+    read = tuple(f if isinstance(f, str) else Path(f) for f in given if not is_inline_json(f))
+    fields: TransformerConfig | Mapping[str, Any] | None
+    if isinstance(config, (str, Path)):
+        if not is_inline_json(config):
+            read = (*read, config)
+        fields = read_config_fields(config)
+    elif config is None or isinstance(config, (TransformerConfig, Mapping)):
+        fields = config
+    else:
+        raise InputTypeError(
+            "config: must be a TransformerConfig, a dict of config fields, JSON text or a file "
+            f"name, got {brief(config)}"
+        )
+    if onnx is not None:
+        check_mapping(onnx, "onnx", "a dict of the ONNX graph's options, or None")
+    if progress is not None:
+        check_callable(progress, "progress", "a function of one message, or None")
+    if max_shard_size is not None:
+        shards.check_shard_size(max_shard_size)
+    return fields, read
+
+
 def convert(
     src: str | Path,
     dst: str | Path,
     *,
     from_kind: str | None = None,
     to_kind: str | None = None,
-    config: TransformerConfig | Mapping[str, Any] | None = None,
+    config: TransformerConfig | Mapping[str, Any] | str | Path | None = None,
     force: bool = False,
     allow_nonfinite: bool = False,
     also_read: Sequence[str | Path | None] = (),
@@ -459,9 +523,10 @@ def convert(
     max_shard_size: int | None = None,
 ) -> Converted:
     """Read `src`, validate everything, then write `dst` atomically. Nothing is written on error.
-    Weights holding NaN or Inf are refused unless `allow_nonfinite`. `also_read` names the
-    other files the caller read (a config, a map), which `dst` may not be either. `table` is a
-    user's importer table (--map; kind "map"); `learned_positions` imports a stored sinusoid
+    `config` is a TransformerConfig, a dict of its fields, or what --config takes: JSON text (it
+    starts with `{`) or a config file's name. Weights holding NaN or Inf are refused unless
+    `allow_nonfinite`. `also_read` names the other files the caller read (a config, a map),
+    which `dst` may not be either. `table` is a user's importer table (--map; kind "map"); `learned_positions` imports a stored sinusoid
     table as learned positions. `onnx` holds the ONNX graph's options (graph, attention,
     max_steps). `progress` is told of the long steps (the export, the verification).
     `max_shard_size` (bytes) writes the shared format as a folder `dst` of shards in Hugging
@@ -475,6 +540,20 @@ def convert(
     `verify`: None runs common/porting/verify.py where both sides can run here, True requires it
     (refused before any work where a side cannot run), False skips it. A destination that misses
     the bound is removed and VerificationFailed raised."""
+    config, also_read = _checked_arguments(
+        src,
+        dst,
+        from_kind=from_kind,
+        to_kind=to_kind,
+        config=config,
+        flags={"force": force, "allow_nonfinite": allow_nonfinite},
+        also_read=also_read,
+        learned_positions=learned_positions,
+        verify=verify,
+        onnx=onnx,
+        progress=progress,
+        max_shard_size=max_shard_size,
+    )
     for what, name in (("SRC", src), ("DST", dst)):
         if not os.fspath(name):  # Path("") would be the current folder
             raise ConvertError(f"{what}: the file name is empty")
@@ -489,11 +568,10 @@ def convert(
         raise ConvertError("source and destination are the same file")
     if max_shard_size is not None:
         if to_kind not in (None, "rosetta"):
-            raise ConvertError(
-                f"--max-shard-size writes the shared format in shards, not {to_kind}; drop one"
+            raise ConvertError(  # the CLI refuses this first, in its own words
+                f"max_shard_size: writes the shared format in shards, not to_kind {to_kind!r}; "
+                "drop one"
             )
-        if not is_int(max_shard_size) or max_shard_size < 1:
-            raise ConvertError(f"--max-shard-size: {max_shard_size!r} is not a size in bytes")
         to_kind = "rosetta"
         # The folder and the layout's files already in it (no --force, no overwrite); the
         # shards this model takes are checked too once its size is known (below).

@@ -26,9 +26,11 @@
   `pos / 1e4 ** (dim // dim_model)`: `ENCODER_GPT_POSITIONS` says why that is not the paper's
   sinusoid and how it is imported.
 
-None of these models masks anything by token id, and none has a pad, start or end token that its
-weights tell, while the spec masks the keys that hold `pad_id`: `pad_id`, `bos_id` and `eos_id`
-are `needs` (docs/PORTING.md, "Decoder-only models", says how to choose them).
+None of these models masks anything by token id, and none has a start or end token that its
+weights tell: `bos_id` and `eos_id` are `needs`. Nor has any a pad token, so none is masked: the
+import's `pad_id` is the virtual pad, `tgt_vocab_size`, an id that names no token (`no_pad`,
+TransformerConfig.virtual_pad), unless --config names one (docs/PORTING.md, "Decoder-only
+models").
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from transformer_rosetta.porting.hf_folder import (
     HfModel,
     model_folder,
     read_config_json,
+    read_folder_shapes,
     read_folder_weights,
 )
 from transformer_rosetta.porting.table import (
@@ -53,6 +56,7 @@ from transformer_rosetta.porting.table import (
     Constant,
     Rule,
     Table,
+    check_counts,
     is_causal_mask,
     to_canonical,
 )
@@ -60,8 +64,9 @@ from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import TensorSpec
 
 _QKV = ("query", "key", "value")
-# What no GPT file tells: the heads (c_attn is [3d, d] for any h) and the special ids (above).
-_GPT_NEEDS = ("num_heads", "pad_id", "bos_id", "eos_id")
+# What no GPT file tells: the heads (c_attn is [3d, d] for any h), BOS and EOS (above); pad_id
+# is the virtual pad unless given (common/porting/table.py, assemble_config).
+_GPT_NEEDS = ("num_heads", "bos_id", "eos_id")
 # A decoder-only model with GPT-2's layout: one stack, pre-norm with a final LayerNorm (ln_f),
 # learned positions added to unscaled token embeddings, no output bias.
 _GPT_FIXED = {
@@ -346,8 +351,9 @@ GPT2_HF = HfModel("GPT-2", "gpt2", GPT2_HF_DEFAULTS, GPT2_HF_TYPES, GPT2_HF_FIEL
 def gpt2_config_fields(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(our config fields, notes) for the model GPT2LMHeadModel builds from `hf` (config.json):
     the sizes, activation, eps, dropout and special ids. Every value the spec cannot express is
-    refused in one ConfigError naming the GPT-2 key, a wrong JSON type first. pad_id is absent
-    from the fields when config.json has no pad_token_id (GPT-2 has none): the caller chooses."""
+    refused in one ConfigError naming the GPT-2 key, a wrong JSON type first. pad_id is never
+    among them (`no_pad`: GPT-2 masks nothing by id); the key "pad" holds config.json's
+    pad_token_id when it names one (GPT-2 names none), for the notes."""
     GPT2_HF.check_types(hf)
     get = GPT2_HF.get
     notes: list[str] = []
@@ -391,17 +397,26 @@ def gpt2_config_fields(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
         **ids,
     }
     if pad is not None:
-        fields["pad_id"] = pad
+        fields["pad"] = pad
     return fields, notes
 
 
-def default_pad_id(fields: Mapping[str, Any]) -> int:
-    """The pad id of a GPT-2 whose config.json names none: the highest id that is neither BOS
-    nor EOS. GPT-2 masks nothing by id while the spec masks keys holding pad_id, so the pad
-    should be a token texts do not hold; BPE adds tokens in the order of their merges, most
-    frequent first, so the last ones are the rarest it learnt."""
-    special = {fields.get("bos_id"), fields.get("eos_id")}
-    return next(i for i in range(int(fields["tgt_vocab_size"]) - 1, -1, -1) if i not in special)
+def no_pad(
+    fields: Mapping[str, Any], named: int | None, model: str, source: str = "config.json"
+) -> tuple[int, list[str]]:
+    """(pad_id, notes) of a decoder-only import whose --config names no pad_id: the virtual pad,
+    tgt_vocab_size (TransformerConfig.virtual_pad), an id that names no token, so that no token
+    is masked. `model` masks nothing by id (transformers pads a batch through its
+    attention_mask, never by id), and neither does the import, whatever pad_token_id `source`
+    names (`named`): the notes say which one it named, and that it is not masked."""
+    pad = int(fields["tgt_vocab_size"])
+    if named is None:
+        return pad, []
+    return pad, [
+        f"pad_id: {source}'s pad_token_id {named} is not masked, as {model} masks nothing by id "
+        f"(its attention_mask pads a batch); the model has no pad (pad_id {pad}, one past the "
+        "vocabulary, names no token): give pad_id in --config to mask an id"
+    ]
 
 
 @dataclass(frozen=True)
@@ -418,9 +433,10 @@ def gpt2_folder_config(
     hf: Mapping[str, Any], given: Mapping[str, Any] | None = None
 ) -> tuple[TransformerConfig, list[str]]:
     """(config, notes) from config.json and the user's --config fields. --config may give what
-    config.json does not tell (pad_id, when it has no pad_token_id); a field it tells too must
-    agree (ConfigError naming both)."""
+    config.json does not tell (pad_id: else the model has none, `no_pad`); a field it tells too
+    must agree (ConfigError naming both)."""
     fields, notes = gpt2_config_fields(hf)
+    named = fields.pop("pad", None)
     given = dict(given or {})
     problems = [
         f"{name}: --config says {brief(value)}, but config.json's "
@@ -432,12 +448,8 @@ def gpt2_folder_config(
         raise ConfigError(problems)
     fields.update(given)
     if "pad_id" not in fields:
-        fields["pad_id"] = default_pad_id(fields)
-        notes.append(
-            f"pad_id {fields['pad_id']}: config.json has no pad_token_id (GPT-2 has no pad), so the "
-            "highest id that is not BOS or EOS; a key holding it is masked, which GPT-2 does not "
-            "do: give pad_id in --config to choose an id your texts never hold"
-        )
+        fields["pad_id"], said = no_pad(fields, named, "GPT-2")
+        notes += said
     return GPT2_HF.config(fields), notes
 
 
@@ -446,6 +458,9 @@ def import_gpt2_folder(path: str | Path, given: Mapping[str, Any] | None = None)
     sharded or not. `given`: --config's fields (see gpt2_folder_config)."""
     folder = model_folder(path, "GPT-2")
     config, notes = gpt2_folder_config(read_config_json(folder), given)
+    # Every count of config.json against the header's shapes before any tensor is read or any
+    # name is built per layer.
+    check_counts(GPT2, config, read_folder_shapes(folder), GPT2_HF.name_keys)
     tensors = to_canonical(GPT2, read_folder_weights(folder), config, shown(folder))
     return GPT2Import(config, tensors, tuple(notes))
 
@@ -553,7 +568,7 @@ ENCODER_GPT = Table(
     # Its dropout (on the sublayer outputs only; none on the attention probabilities). Its
     # positions are computed for any length: max_len is how many rows the imported table has.
     defaults={"dropout": 0.1, "attention_dropout": 0.0, "max_len": 512},
-    needs=("pad_id", "bos_id", "eos_id"),
+    needs=("bos_id", "eos_id"),
     sizes={
         "src_vocab_size": ("embedding.weight", 0),
         "tgt_vocab_size": ("embedding.weight", 0),

@@ -40,7 +40,9 @@ from transformer_rosetta.files.safe_read import (
     type_problem,
 )
 from transformer_rosetta.porting.sources import read_source_tensors
+from transformer_rosetta.porting.unread import lacking
 from transformer_rosetta.spec.config import TransformerConfig
+from transformer_rosetta.weights.format import read_header
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -143,7 +145,6 @@ class HfModel:
     defaults: Mapping[str, Any]  # the config class's defaults for the keys read
     types: Mapping[str, tuple[str, ...]]  # key -> its JSON types (safe_read.type_problem's names)
     hf_field: Mapping[str, str]  # our config field -> the key it comes from
-    model_type_hint: str = ""  # what a wrong model_type may mean, after the expected one
     id_lists: bool = True  # a token id may be a one-id list (as generation configs write them)
     activations: Mapping[str, str] = field(default_factory=lambda: ACTIVATIONS)  # ACT2FN -> ours
 
@@ -167,10 +168,9 @@ class HfModel:
         found = hf.get("model_type")
         if found == self.model_type:
             return []
-        hint = f"; {self.model_type_hint}" if self.model_type_hint else ""
         return [
             f"model_type: {brief(found)} is not a {self.name} model "
-            f"(expected {self.model_type!r}{hint})"
+            f"(expected {self.model_type!r}){lacking(found)}"
         ]
 
     def token_id(
@@ -206,6 +206,11 @@ class HfModel:
         except ConfigError as exc:
             raise ConfigError([self._name_key(p) for p in exc.problems]) from None
 
+    def name_keys(self, problems: list[str]) -> list[str]:
+        """`problems` ('field: ...') with the key behind each of our fields named, as `config`
+        names them: for the count checks (porting/table.py, check_counts)."""
+        return [self._name_key(p) for p in problems]
+
     def _name_key(self, problem: str) -> str:
         ours, sep, rest = problem.partition(":")
         if sep and ours in self.hf_field:
@@ -223,9 +228,8 @@ def weights_file(folder: Path) -> Path | None:
     return next((folder / n for n in WEIGHT_FILES if os.path.lexists(folder / n)), None)
 
 
-def read_folder_weights(folder: Path) -> dict[str, np.ndarray]:
-    """{name: array} of the folder's weights (weights_file): one file, or every shard of a
-    sharded checkpoint; WeightFileError when it has none."""
+def _weights_path(folder: Path) -> Path:
+    """weights_file, or WeightFileError when the folder has none."""
     path = weights_file(folder)
     if path is None:
         raise WeightFileError(
@@ -235,9 +239,39 @@ def read_folder_weights(folder: Path) -> dict[str, np.ndarray]:
                 f"{INDEX_SUFFIX}) is in this folder"
             ],
         )
+    return path
+
+
+def read_folder_weights(folder: Path) -> dict[str, np.ndarray]:
+    """{name: array} of the folder's weights (weights_file): one file, or every shard of a
+    sharded checkpoint; WeightFileError when it has none."""
+    path = _weights_path(folder)
     if path.name.endswith(INDEX_SUFFIX):
         return read_sharded_weights(folder, path.name)
     return read_source_tensors(path)
+
+
+def read_folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the folder's weights, as read_folder_weights would give them, from the
+    headers alone where the format has one (safetensors: one file, or the shards its index
+    names, each shard's tensors that the index puts there). An importer compares its config's
+    counts with them (porting/table.py, check_counts) before it reads any tensor, and before
+    anything proportional to a count is built. A torch file's shapes are its tensors', mapped and
+    not read (torch.load(mmap=True) for torch.save's zip format)."""
+    path = _weights_path(folder)
+    if not path.name.endswith(INDEX_SUFFIX):
+        return _file_shapes(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard, expected in sorted(shard_map(folder, path.name).items()):
+        shapes.update((k, v) for k, v in _file_shapes(folder / shard).items() if k in expected)
+    return shapes
+
+
+def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    if path.suffix.lower() == ".safetensors":
+        header, _ = read_header(path)  # checked, naming a file that is not safetensors
+        return {name: tuple(entry["shape"]) for name, entry in header.items()}
+    return {name: tuple(a.shape) for name, a in read_source_tensors(path).items()}
 
 
 def _shard_problem(name: Any) -> str | None:

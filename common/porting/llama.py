@@ -26,10 +26,10 @@ each choice mapped onto a field of our spec:
   false).
 - `tie_word_embeddings` -> tie_output; `lm_head` has no bias.
 
-Llama masks nothing by token id (its attention_mask is the caller's), while the spec masks every
-key that holds `pad_id`. pad_id is config.json's `pad_token_id` when it names one that is neither
-BOS nor EOS, else the highest id that is neither (`choose_pad_id`); the conversion's notes say
-which, and that keys holding it are masked.
+Llama masks nothing by token id (its attention_mask is the caller's), and neither does the
+import: pad_id is the virtual pad, `vocab_size`, an id that names no token
+(common/porting/gpt.py, `no_pad`), whatever config.json's `pad_token_id` says, unless --config
+names one; the conversion's notes say which pad_token_id config.json named, unmasked.
 
 What the spec cannot hold is refused by name, all at once, before any weight is read: a sliding
 window in effect, a rope type other than "default" (llama3, linear, dynamic, yarn, longrope),
@@ -49,15 +49,24 @@ import numpy as np
 
 from transformer_rosetta.errors import ConfigError
 from transformer_rosetta.files.safe_read import brief, is_int, is_number, shown
-from transformer_rosetta.porting.gpt import default_pad_id
+from transformer_rosetta.porting.gpt import no_pad
 from transformer_rosetta.porting.hf_folder import (
     ACTIVATIONS,
     HfModel,
     model_folder,
     read_config_json,
+    read_folder_shapes,
     read_folder_weights,
 )
-from transformer_rosetta.porting.table import Constant, Rule, Table, rows, to_canonical
+from transformer_rosetta.porting.table import (
+    Constant,
+    Rule,
+    Table,
+    check_counts,
+    rows,
+    to_canonical,
+)
+from transformer_rosetta.porting.unread import lacking
 from transformer_rosetta.spec.config import TransformerConfig
 
 # model_type -> the one architecture read. A base model (LlamaModel) has no lm_head, and a task
@@ -207,7 +216,7 @@ def hf_model_of(hf: Any) -> HfModel:
         raise ConfigError(
             [
                 f"model_type: {brief(found)} is not a model of the Llama family that rosetta "
-                f"reads (expected {', '.join(map(repr, ARCHITECTURES))})"
+                f"reads (expected {', '.join(map(repr, ARCHITECTURES))}){lacking(found)}"
             ]
         )
     return HF_MODELS[found]
@@ -283,12 +292,12 @@ def _window_problems(hf: Mapping[str, Any], model: HfModel) -> list[str]:
     layers = get(hf, "num_hidden_layers")
     types = get(hf, "layer_types")
     if types is None:
+        # transformers' layer_types, "sliding_attention" for i >= max_window_layers when
+        # use_sliding_window: some layer slides iff max_window_layers < num_hidden_layers. Said
+        # without listing the layers, whose count the file has not yet confirmed.
         first = get(hf, "max_window_layers")
-        windowed = get(hf, "use_sliding_window") and first < layers
-        types = [
-            "sliding_attention" if windowed and i >= first else "full_attention"
-            for i in range(layers)
-        ]
+        windowed = get(hf, "use_sliding_window") and first < layers and layers > 0
+        types = ["sliding_attention"] if windowed else []
     other = sorted({t for t in types if t != "full_attention"}, key=str)
     if not other:
         return []
@@ -331,8 +340,8 @@ def llama_config_fields(hf: Any) -> tuple[dict[str, Any], list[str]]:
     """(our config fields, notes) for the model that transformers builds from `hf` (config.json):
     every mapping of the module docstring. Every value the spec cannot hold is refused in one
     ConfigError naming its key, a wrong JSON type first. bos_id and eos_id are absent where
-    config.json names none (Qwen2's defaults), and pad_id is always absent (`choose_pad_id`);
-    the key "pad" holds config.json's pad_token_id when it names one."""
+    config.json names none (Qwen2's defaults), and pad_id is always absent (folder_config);
+    the key "pad" holds config.json's pad_token_id when it names one, for the notes."""
     model = hf_model_of(hf)
     model.check_types(hf)
     get = model.get
@@ -387,29 +396,6 @@ def llama_config_fields(hf: Any) -> tuple[dict[str, Any], list[str]]:
     return fields, notes
 
 
-def choose_pad_id(fields: Mapping[str, Any], pad_token_id: int | None) -> tuple[int, str]:
-    """(pad_id, the note saying why). Llama masks nothing by id, and the spec masks every key
-    holding pad_id, so the pad must be an id the inputs never hold: config.json's pad_token_id
-    when it names one that is neither BOS nor EOS (a pad equal to EOS would mask every EOS of a
-    prompt); else, as for GPT-2 (common/porting/gpt.py, default_pad_id), the highest id that is
-    neither: in Llama 3's vocabulary a reserved special token, in Qwen2's a row no tokenizer id
-    reaches, in a 32000-token SentencePiece vocabulary its last, rarest piece."""
-    masked = "the spec masks every key that holds it, which Llama leaves to the attention_mask"
-    special = {fields.get("bos_id"), fields.get("eos_id")}
-    if pad_token_id is not None and pad_token_id not in special:
-        return pad_token_id, f"pad_id {pad_token_id}: config.json's pad_token_id; {masked}"
-    pad = default_pad_id(fields)
-    why = (
-        "config.json has no pad_token_id"
-        if pad_token_id is None
-        else f"config.json's pad_token_id {pad_token_id} is its BOS or EOS"
-    )
-    return pad, (
-        f"pad_id {pad}: {why}, so the highest id that is not BOS or EOS; {masked}: give pad_id "
-        "in --config to choose an id your texts never hold"
-    )
-
-
 def folder_config(
     fields: dict[str, Any],
     notes: list[str],
@@ -421,7 +407,8 @@ def folder_config(
     """Our config from the fields a file tells and --config's: --config may add what the file
     does not tell (BOS and EOS where it names none, pad_id), and must agree with the rest and
     with what the model's code fixes (`table`'s fixed fields): ConfigError naming both. pad_id,
-    when nobody gives it, is choose_pad_id's (said in `notes`). Shared by --from llama and
+    when nobody gives it, is the virtual pad (common/porting/gpt.py, no_pad: the model has none;
+    a pad_token_id the file names is said in `notes`, unmasked). Shared by --from llama and
     --from meta-llama (`source` names the file in messages)."""
     given = dict(given or {})
     pad_token_id = fields.pop("pad", None)
@@ -444,8 +431,8 @@ def folder_config(
     if problems:
         raise ConfigError(problems)
     if "pad_id" not in fields:
-        fields["pad_id"], note = choose_pad_id(fields, pad_token_id)
-        notes.append(note)
+        fields["pad_id"], said = no_pad(fields, pad_token_id, model.name, source)
+        notes += said
     return model.config(fields)
 
 
@@ -493,6 +480,16 @@ TABLE = Table(
     model="a Llama-family model (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
     rules=tuple(_rules()),
     fixed=FIXED,
+    # What the shapes tell, checked against config.json (check_counts) before any work.
+    sizes={
+        "tgt_vocab_size": (EMBEDDING, 0),  # src_vocab_size is the same key's, unused
+        "d_model": (EMBEDDING, 1),
+        "d_ff": ("model.layers.0.mlp.gate_proj.weight", 0),
+    },
+    head_sizes={
+        "num_heads": ("model.layers.0.self_attn.q_proj.weight", 0),
+        "num_kv_heads": ("model.layers.0.self_attn.k_proj.weight", 0),
+    },
     why={
         "num_encoder_layers": "a Llama is decoder-only",
         "norm_position": "a Llama block is pre-norm: x + attn(input_layernorm(x))",
@@ -559,7 +556,11 @@ def import_llama_folder(path: str | Path, given: Mapping[str, Any] | None = None
     refusal before any weight is read), then the weights, sharded or not. `given`: --config's
     fields (folder_config)."""
     folder = model_folder(path, "Llama")
-    config, notes = llama_folder_config(read_config_json(folder), given)
+    hf = read_config_json(folder)
+    config, notes = llama_folder_config(hf, given)
+    # Every count against the header's shapes before anything proportional to one (the rotary
+    # frequencies of head_dim, the names of every layer) is built, or any tensor read.
+    check_counts(TABLE, config, read_folder_shapes(folder), hf_model_of(hf).name_keys)
     table = table_for(TABLE, INV_FREQ_KEYS, config)
     tensors = to_canonical(table, read_folder_weights(folder), config, shown(folder))
     return LlamaImport(config, tensors, tuple(notes))

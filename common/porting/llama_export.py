@@ -127,7 +127,7 @@ def hf_config_for(c: TransformerConfig, dtype: str) -> dict[str, Any]:
         "tie_word_embeddings": c.tie_output,
         "bos_token_id": c.bos_id,
         "eos_token_id": c.eos_id,
-        "pad_token_id": c.pad_id,
+        "pad_token_id": pad_token_id(c),
         "dtype": dtype,
         "use_cache": True,
     }
@@ -143,9 +143,17 @@ def hf_config_for(c: TransformerConfig, dtype: str) -> dict[str, Any]:
     return out
 
 
+def pad_token_id(c: TransformerConfig) -> int | None:
+    """config.json's pad_token_id: our pad_id, or null for a model without a pad token (the
+    virtual pad, TransformerConfig.virtual_pad: an id past the vocabulary, which no tokenizer
+    gives and transformers' generate would feed). Read back, a folder's pad_token_id is never
+    masked (common/porting/llama.py): a real pad_id comes back only when --config names it."""
+    return None if c.virtual_pad else c.pad_id
+
+
 def generation_config_for(c: TransformerConfig) -> dict[str, Any]:
     """generation_config.json, as save_pretrained writes it: the special ids."""
-    return {"bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "pad_token_id": c.pad_id}
+    return {"bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "pad_token_id": pad_token_id(c)}
 
 
 def half_split(tensors: Mapping[str, np.ndarray], c: TransformerConfig) -> dict[str, np.ndarray]:

@@ -46,9 +46,17 @@ from transformer_rosetta.porting.hf_folder import (
     HfModel,
     model_folder,
     read_config_json,
+    read_folder_shapes,
     read_folder_weights,
 )
-from transformer_rosetta.porting.table import Buffer, Rule, Table, rows, to_canonical
+from transformer_rosetta.porting.table import (
+    Buffer,
+    Rule,
+    Table,
+    check_counts,
+    rows,
+    to_canonical,
+)
 from transformer_rosetta.spec.config import TransformerConfig
 
 # torch.nn.LayerNorm's default; every Marian LayerNorm is built without an eps argument.
@@ -137,10 +145,14 @@ def read_marian_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
     """(config.json as a dict, {name: array}) from a Hugging Face model folder, its weights
     read as hf_folder reads every model's: model.safetensors, pytorch_model.bin (weights_only:
     loading never runs code), or either in shards. Raises ConfigError for a missing or malformed
-    config.json and WeightFileError for a missing folder or weight file.
+    config.json and WeightFileError for a missing folder or weight file. Every count of
+    config.json (marian_config's) is checked against the header's shapes before any tensor is
+    read (check_counts): a count the file cannot hold costs no work proportional to it.
     """
     folder = model_folder(path, "Marian")
-    return read_config_json(folder), read_folder_weights(folder)
+    hf = read_config_json(folder)
+    check_counts(TABLE, marian_config(hf), read_folder_shapes(folder), MARIAN.name_keys)
+    return hf, read_folder_weights(folder)
 
 
 # -- the config ---------------------------------------------------------------------------------
@@ -360,6 +372,14 @@ TABLE = Table(
         "output_bias": True,
         "attention_bias": True,
     },
+    # What the shapes tell, checked against config.json (check_counts) before any work; a shared
+    # matrix saved once is model.shared.weight, whose rows final_logits_bias tells too.
+    sizes={
+        "src_vocab_size": (ENCODER_EMBEDDING, 0),
+        "tgt_vocab_size": (LOGITS_BIAS, 1),
+        "d_model": ("model.encoder.layers.0.fc1.weight", 1),
+        "d_ff": ("model.encoder.layers.0.fc1.weight", 0),
+    },
     # transformers builds the table in float64 and rounds it to the weights' dtype.
     buffers=tuple(Buffer(key, "concatenated", computed_in="float64") for key in POSITION_KEYS),
     tie_reason="transformers ties them (share_encoder_decoder_embeddings / tie_word_embeddings)",
@@ -387,6 +407,8 @@ def marian_to_canonical(
     a position table that is not our sinusoid table, at once, in one WeightFileError labelled
     `source`.
     """
+    shapes = {k: tuple(np.shape(v)) for k, v in tensors.items()}
+    check_counts(TABLE, config, shapes, MARIAN.name_keys)  # named by the Marian keys
     return to_canonical(TABLE, tensors, config, source, extra_problems=_no_lm_head)
 
 

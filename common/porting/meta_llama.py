@@ -25,8 +25,9 @@ splits the model dimension, Llama 3's VocabParallelEmbedding the vocabulary), an
 held whole by every rank, checked equal.
 
 params.json does not tell the special ids (they are the tokenizer's): `--config` gives bos_id
-and eos_id (Llama 2: 1 and 2; Llama 3: 128000 and 128001), and pad_id is chosen as for a
-Hugging Face Llama (common/porting/llama.py, choose_pad_id) unless given. Nor does it tell the
+and eos_id (Llama 2: 1 and 2; Llama 3: 128000 and 128001); Meta's model has no pad token, so
+pad_id is the virtual pad, one past the vocabulary (common/porting/gpt.py, no_pad: nothing is
+masked), unless given. Nor does it tell the
 context length (a runtime argument, max_seq_len): max_len is 2048, ModelArgs' default, unless
 given; rotary positions run past it. What the spec cannot hold is refused by name: Llama 3.1's
 `use_scaled_rope`, and any key of params.json this importer does not know (a vision or MoE
@@ -56,7 +57,7 @@ from transformer_rosetta.porting.llama import (
     folder_config,
     table_for,
 )
-from transformer_rosetta.porting.table import Rule, Table, rows, to_canonical
+from transformer_rosetta.porting.table import Rule, Table, check_counts, rows, to_canonical
 from transformer_rosetta.spec.config import TransformerConfig
 
 PARAMS_FILE = "params.json"
@@ -196,18 +197,36 @@ def _read_pth(path: Path) -> dict[str, np.ndarray]:
         raise WeightFileError(shown(path), [f"reading a torch file needs torch ({exc})"]) from None
 
 
-def _axis(key: str, parts: list[np.ndarray], dim: int) -> int | None:
-    """The axis Meta's model-parallel ranks split `key` along; None: held whole by each."""
-    if parts[0].ndim < 2:
+def _axis(key: str, shapes: list[tuple[int, ...]], dim: int) -> int | None:
+    """The axis Meta's model-parallel ranks split `key` along, from the ranks' shapes of it;
+    None: held whole by each."""
+    if len(shapes[0]) < 2:
         return None
     if key == EMBEDDING:
-        return 1 if parts[0].shape[1] * len(parts) == dim else 0
+        return 1 if shapes[0][1] * len(shapes) == dim else 0
     module = key.removesuffix(".weight").split(".", 2)[
         -1
     ]  # "layers.3.attention.wo" -> "attention.wo"
     if module in ROW_PARALLEL:
         return 1
     return 0  # COLUMN_PARALLEL (another key is named by the table as unexpected)
+
+
+def joined_shapes(shards: list[dict[str, np.ndarray]], dim: int) -> dict[str, tuple[int, ...]]:
+    """The shapes join_shards gives, from the ranks' shapes alone (no tensor is read or joined):
+    what check_counts compares params.json with before any work. A key that join_shards refuses
+    (missing from a rank, shapes that do not join) is left out here; join_shards names it."""
+    out: dict[str, tuple[int, ...]] = {}
+    for key in shards[0]:
+        if not all(key in s for s in shards):
+            continue
+        shapes = [tuple(s[key].shape) for s in shards]
+        axis = _axis(key, shapes, dim)
+        if axis is None or len(shards) == 1:
+            out[key] = shapes[0]
+        elif len({(*s[:axis], *s[axis + 1 :]) for s in shapes}) == 1:
+            out[key] = (*shapes[0][:axis], sum(s[axis] for s in shapes), *shapes[0][axis + 1 :])
+    return out
 
 
 def join_shards(
@@ -225,7 +244,7 @@ def join_shards(
             problems.append(f"{key}: missing from {', '.join(lacking)}")
             continue
         parts = [s[key] for s in shards]
-        axis = _axis(key, parts, dim)
+        axis = _axis(key, [p.shape for p in parts], dim)
         if axis is None:
             if any(p.tobytes() != parts[0].tobytes() or p.shape != parts[0].shape for p in parts):
                 problems.append(f"{key}: differs between ranks, which each hold it whole")
@@ -299,6 +318,16 @@ META_TABLE = Table(
         "dropout": 0.0,
         "attention_dropout": 0.0,
     },
+    # What the shapes tell, checked against params.json (check_counts) before any work.
+    sizes={
+        "tgt_vocab_size": (EMBEDDING, 0),  # src_vocab_size is the same key's, unused
+        "d_model": (EMBEDDING, 1),
+        "d_ff": ("layers.0.feed_forward.w1.weight", 0),
+    },
+    head_sizes={
+        "num_heads": ("layers.0.attention.wq.weight", 0),
+        "num_kv_heads": ("layers.0.attention.wk.weight", 0),
+    },
     why={
         "num_encoder_layers": "Meta's Llama is decoder-only",
         "norm_position": "a TransformerBlock is pre-norm: x + attention(attention_norm(x))",
@@ -348,14 +377,18 @@ def import_meta_llama(path: str | Path, given: Mapping[str, Any] | None = None) 
             "give max_len in --config"
         )
     files = shard_files(folder)
-    shards = [_read_pth(f) for f in files]
-    merged = join_shards(shards, fields["d_model"], shown(folder))
+    shards = [_read_pth(f) for f in files]  # mapped: no tensor's data is read yet
+    shapes = joined_shapes(shards, fields["d_model"])
     if fields["tgt_vocab_size"] is None:  # params.json's -1: the embedding's rows tell
-        rows_ = merged.get(EMBEDDING)
-        if rows_ is None or rows_.ndim != 2:
+        rows_ = shapes.get(EMBEDDING)
+        if rows_ is None or len(rows_) != 2:
             raise WeightFileError(shown(folder), [f"missing tensors (1): {EMBEDDING}"])
-        fields["src_vocab_size"] = fields["tgt_vocab_size"] = int(rows_.shape[0])
+        fields["src_vocab_size"] = fields["tgt_vocab_size"] = int(rows_[0])
     config = folder_config(fields, notes, given, PARAMS, META_TABLE, PARAMS_FILE)
+    # Every count of params.json against the shards' shapes before any work proportional to
+    # one (the rotary frequencies of head_dim, the names of n_layers layers) or any join.
+    check_counts(META_TABLE, config, shapes, PARAMS.name_keys)
+    merged = join_shards(shards, fields["d_model"], shown(folder))
     if len(files) > 1:
         notes.append(
             f"{len(files)} model-parallel ranks joined (consolidated.00 .. {len(files) - 1:02d})"

@@ -27,7 +27,14 @@ A table says:
   text uses, overridable), `needs` (what the file cannot tell and the user must give), and the
   sizes the file tells (`sizes`, `layer_counts`, and `flags`: a field that is true when a key is
   present). `assemble_config` merges them with the user's fields and refuses every contradiction
-  by name.
+  by name. `head_sizes` are the shapes that tell a head count times d_k (a packed q or k
+  projection).
+- the counts of a config that comes with the file (a config.json, a params.json, --config) are
+  checked against its keys and shapes by `check_counts` before anything proportional to them is
+  built: the layers of each stack (the distinct layer indices of the keys), the heads of a
+  per-head layout, the `sizes` and `head_sizes`, and the position table that the models compute
+  for a max_len no tensor tells (its memory). to_canonical runs it first; an importer with work
+  of its own before that runs it first itself, on the file's header shapes.
 
 Nothing here imports a framework: sources arrive as {name: numpy array}.
 """
@@ -44,10 +51,11 @@ from typing import Any
 import numpy as np
 
 from transformer_rosetta.errors import ConfigError, WeightFileError
+from transformer_rosetta.files.memory import fits_problem
 from transformer_rosetta.files.safe_read import brief, listing
 from transformer_rosetta.oracle.reference import sinusoidal_positions
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.names import TensorSpec, canonical_specs
+from transformer_rosetta.spec.names import TensorSpec, canonical_specs, position_buffer_count
 from transformer_rosetta.weights.format import dtype_problems
 
 # -- the steps: one shared set of transforms -----------------------------------------------------
@@ -293,6 +301,8 @@ class Table:
     sizes: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # field -> (key, axis)
     layer_counts: Mapping[str, str] = field(default_factory=dict)  # field -> key with {i}
     flags: Mapping[str, str] = field(default_factory=dict)  # field -> key: True iff present
+    # field (num_heads, num_kv_heads) -> (key, axis) that holds that many heads of d_k
+    head_sizes: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     buffers: tuple[Buffer, ...] = ()
     constants: tuple[Constant, ...] = ()
     optional_prefix: str = ""  # {prefix}: this when any key starts with it, else ""
@@ -458,6 +468,15 @@ def assemble_config(
             )
     fields_.update(told)
     fields_.update({k: v for k, v in given.items() if k not in table.fixed})
+    if (
+        fields_.get("num_encoder_layers") == 0
+        and "tgt_vocab_size" in fields_
+        and "pad_id" not in fields_
+        and "pad_id" not in table.needs
+    ):
+        # A decoder-only model whose pad nobody names has none: the virtual pad, an id that names
+        # no token (TransformerConfig.virtual_pad), so that no token is masked.
+        fields_["pad_id"] = fields_["tgt_vocab_size"]
     missing = [n for n in table.needs if n not in fields_]
     for name in missing:
         problems.append(f"{name}: the file cannot tell it; give it in --config FILE.json")
@@ -482,6 +501,160 @@ def _learned_buffer(table: Table, problems: list[str]) -> Buffer | None:
 
 def _squeezed_axis(buffer: Buffer, axis: int) -> bool:
     return any(s == f"squeeze:{axis}" for s in buffer.steps)
+
+
+# -- the counts of a config, against the file ------------------------------------------------------
+
+_INDEX = r"\d{1,9}"  # a layer or head index in a key (as file_sizes reads them)
+_STACK_LAYERS = (("encoder", "num_encoder_layers"), ("decoder", "num_decoder_layers"))
+
+
+def _source_regex(source: str, prefix: str) -> re.Pattern[str]:
+    """A source key as a pattern: group `i` the layer index ({i}, or Keras's {_i}: absent for
+    layer 0), group `h` the head index ({h})."""
+    text = re.escape(source.replace("{prefix}", prefix))
+    for placeholder, first, again in (
+        ("{i}", rf"(?P<i>{_INDEX})", "(?P=i)"),
+        ("{_i}", rf"(?:_(?P<i>{_INDEX}))?", "(?:_(?P=i))?"),
+        (HEADS, rf"(?P<h>{_INDEX})", "(?P=h)"),
+    ):
+        escaped = re.escape(placeholder)
+        head, sep, rest = text.partition(escaped)
+        if sep:
+            text = head + first + rest.replace(escaped, again)
+    return re.compile(text)
+
+
+def _indices(patterns: Sequence[re.Pattern[str]], keys: Sequence[str], group: str) -> set[int]:
+    found = set()
+    for key in keys:
+        for pattern in patterns:
+            if m := pattern.fullmatch(key):
+                found.add(int(m[group] or 0))
+                break
+    return found
+
+
+def _held(stem: str, name: str, letter: str, held: Sequence[int]) -> str:
+    """'2 layers (model.layers.{i} for i = 0 .. 1)': what the file holds, in a message."""
+    if not held:
+        return f"no {stem}"
+    if held == list(range(len(held))):
+        which = f"{held[0]}" if len(held) == 1 else f"0 .. {held[-1]}"
+    else:
+        which = listing([str(i) for i in held])
+    plural = "" if len(held) == 1 else "s"
+    return f"{len(held)} {name}{plural} ({stem} for {letter} = {which})"
+
+
+def _stem(source: str, placeholder: str, prefix: str) -> str:
+    """The source key up to its placeholder: 'model.layers.{i}'."""
+    head, sep, _ = source.replace("{prefix}", prefix).partition(placeholder)
+    return head + sep
+
+
+def _whole(held: Sequence[int], want: int) -> bool:
+    """`held` (sorted, distinct) is 0 .. want - 1, compared without building that range."""
+    return len(held) == want and (not held or (held[0] == 0 and held[-1] == want - 1))
+
+
+def count_problems(
+    table: Table, c: TransformerConfig, shapes: Mapping[str, tuple[int, ...]]
+) -> list[str]:
+    """'field: ...' for every count of `c` that the file's keys or shapes contradict, or that
+    asks for more memory than this machine has where no tensor tells it (module docstring).
+
+    Its work is proportional to the file's keys and the table's rules, never to a count of `c`,
+    so that it can run before anything that is: resolve names every layer `c` claims, a `{h}`
+    source every head, a computed position table every position."""
+    keys = list(shapes)
+    prefix = prefix_of(table, keys)
+    problems = []
+    for stack, name in _STACK_LAYERS:
+        sources = [
+            k
+            for r in table.rules
+            if r.computed is None and r.canonical.startswith(f"{stack}.layers.{{i}}.")
+            for k in (r.source, *r.copies, *r.fallbacks)
+            if "{i}" in k or "{_i}" in k
+        ]
+        if not sources:
+            continue
+        held = sorted(_indices([_source_regex(k, prefix) for k in sources], keys, "i"))
+        want = getattr(c, name)
+        if not _whole(held, want):
+            placeholder = "{i}" if "{i}" in sources[0] else "{_i}"
+            what = _held(_stem(sources[0], placeholder, prefix), "layer", "i", held)
+            problems.append(f"{name}: {brief(want)}, but the file holds {what}")
+    for source in dict.fromkeys(r.source for r in table.rules if HEADS in r.source):
+        proj = next(r.canonical for r in table.rules if r.source == source).split(".")[-2]
+        name, want = (
+            ("num_kv_heads", c.kv_heads) if proj in ("key", "value") else ("num_heads", c.num_heads)
+        )
+        held = sorted(_indices([_source_regex(source, prefix)], keys, "h"))
+        if held and not _whole(held, want):
+            what = _held(_stem(source, HEADS, prefix), "head", "h", held)
+            problems.append(f"{name}: {brief(want)}, but the file holds {what}")
+    said = set()  # (key, axis, value): two fields read from one axis are one problem
+    for name, (key, axis) in table.sizes.items():
+        want = c.head_dim if name == "key_dim" else getattr(c, name)
+        shape = shapes.get(_fill(key, None, prefix))
+        if (key, axis, want) in said:
+            continue
+        if shape is not None and len(shape) > axis and shape[axis] != want:
+            said.add((key, axis, want))
+            problems.append(
+                f"{name}: {brief(want)}, but the file's {_fill(key, None, prefix)} is "
+                f"{list(shape)} (axis {axis})"
+            )
+    for name, (key, axis) in table.head_sizes.items():
+        heads = c.kv_heads if name == "num_kv_heads" else c.num_heads
+        shape = shapes.get(_fill(key, None, prefix))
+        if shape is not None and len(shape) > axis and shape[axis] != heads * c.head_dim:
+            problems.append(
+                f"{name}: {brief(heads)} heads of head_dim {c.head_dim} need "
+                f"{heads * c.head_dim} on axis {axis}, but the file's {_fill(key, None, prefix)} "
+                f"is {list(shape)}"
+            )
+    if not problems and position_buffer_count(c):  # a max_len that no tensor tells
+        problem = fits_problem(
+            8 * position_buffer_count(c),
+            f"the {c.position_kind} position table of {c.max_len} positions that each "
+            "framework's model computes",
+        )
+        if problem:
+            problems.append(f"max_len: {problem}")
+    return problems
+
+
+def check_counts(
+    table: Table,
+    c: TransformerConfig,
+    shapes: Mapping[str, tuple[int, ...]],
+    name_keys: Callable[[list[str]], list[str]] | None = None,
+) -> None:
+    """ConfigError with every count_problems, each named by `name_keys` (the outside key behind
+    our field: HfModel.name_keys), before any work proportional to a count."""
+    problems = count_problems(table, c, shapes)
+    if problems:
+        named = name_keys(problems) if name_keys else problems
+        raise ConfigError([*_key_hints(table, list(shapes)), *named])
+
+
+def _key_hints(table: Table, keys: Sequence[str]) -> list[str]:
+    """The table's hints for the keys that no rule, buffer or constant names (another kind's
+    file often shows in its counts first), found from the keys alone, as to_canonical finds them
+    among its unexpected tensors: said before the counts, since one says what the file is."""
+    prefix = prefix_of(table, keys)
+    sources = [k for r in table.rules for k in (r.source, *r.copies, *r.fallbacks) if k]
+    sources += [b.source for b in table.buffers] + [k.source for k in table.constants]
+    patterns = [_source_regex(k, prefix) for k in dict.fromkeys(sources)]
+    unknown = [k for k in keys if not any(p.fullmatch(k) for p in patterns)]
+    return [
+        hint
+        for key, hint in table.hints.items()
+        if key in unknown or ("*" in key and any(fnmatch.fnmatchcase(k, key) for k in unknown))
+    ]
 
 
 # -- buffers --------------------------------------------------------------------------------------
@@ -587,8 +760,18 @@ def to_canonical(
     if problems:
         raise ConfigError(problems)
     arrays = {k: np.asarray(v) for k, v in tensors.items()}
+    # Before resolve, which names every layer of `c`: a count the file cannot hold is refused
+    # after work proportional to the file, never to the count.
+    check_counts(table, c, {k: a.shape for k, a in arrays.items()})
     prefix = prefix_of(table, list(arrays))
     resolved = resolve(table, c, prefix)
+    # A computed tensor (a position table of max_len rows) has no stored shape to bound it.
+    for r in resolved:
+        if r.rule.computed is not None:
+            what = f"{r.spec.name} {list(r.spec.shape)}, computed from the config,"
+            problem = fits_problem(8 * math.prod(r.spec.shape), what)
+            if problem:
+                raise ConfigError([problem])
     buffer_keys = {_fill(b.source, None, prefix) for b in table.buffers}
     constant_keys, constant_problems = _constants(table, arrays, prefix)
     missing: list[str] = []

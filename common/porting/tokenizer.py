@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformer_rosetta.files.os_names import library_path
 from transformer_rosetta.files.safe_read import (
     MAX_CONFIG_BYTES,
     FileProblem,
@@ -185,7 +186,9 @@ def _from_bpe(folder: Path, settings: Mapping[str, Any]) -> Tokenizer:
         raise FileProblem("must hold a JSON object of token: id", vocab_path)
     read_bytes(merges_path, "a BPE merges.txt", MAX_TOKENIZER_BYTES)  # a regular file, not huge
     try:
-        vocab, merges = models.BPE.read_file(str(vocab_path), str(merges_path))
+        # The library's Rust takes names as UTF-8: one that is not goes by its open file's.
+        with library_path(vocab_path) as vocab_name, library_path(merges_path) as merges_name:
+            vocab, merges = models.BPE.read_file(vocab_name, merges_name)
     except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
         raise FileProblem(f"not a BPE merges file ({_library_problem(exc)})", merges_path) from None
     prefix_space = settings.get("add_prefix_space", False)

@@ -11,17 +11,46 @@ transformer_rosetta.porting imports no framework.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import utils as hub_utils
 from transformers import AutoModelForCausalLM, BertModel, MarianMTModel, PreTrainedModel
+from transformers.utils import logging as transformers_logging
+
+from transformer_rosetta.files.os_names import library_path
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights") and its warnings off while a model loads
+    for `convert --verify`, whose own progress line says what runs; as they were afterwards
+    (transformers' switch turns huggingface_hub's on and off with it, so both are put back)."""
+    bars = transformers_logging.is_progress_bar_enabled()
+    hub_bars_off = hub_utils.are_progress_bars_disabled()
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        if bars:
+            transformers_logging.enable_progress_bar()
+        if hub_bars_off:
+            hub_utils.disable_progress_bars()
+        else:
+            hub_utils.enable_progress_bars()
 
 
 def load_bert(folder: str | Path) -> BertModel:
     """transformers' BertModel from a folder, in eval mode, in float32, without its pooler
     (not part of the spec)."""
-    model = BertModel.from_pretrained(folder, dtype=torch.float32, add_pooling_layer=False)
+    with quiet(), library_path(folder) as name:  # transformers' torch.load takes UTF-8 names
+        model = BertModel.from_pretrained(name, dtype=torch.float32, add_pooling_layer=False)
     return model.eval()
 
 
@@ -40,7 +69,8 @@ def bert_hidden_states(model: BertModel, src: np.ndarray, pad_id: int) -> np.nda
 
 def load_marian(folder: str | Path) -> MarianMTModel:
     """transformers' MarianMTModel from a folder, in eval mode, in float32."""
-    return MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+    with quiet(), library_path(folder) as name:  # transformers' torch.load takes UTF-8 names
+        return MarianMTModel.from_pretrained(name, dtype=torch.float32).eval()
 
 
 def marian_logits(model: MarianMTModel, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
@@ -62,17 +92,25 @@ def marian_logits(model: MarianMTModel, src: np.ndarray, tgt_in: np.ndarray) -> 
 def load_causal_lm(folder: str | Path) -> PreTrainedModel:
     """transformers' causal language model of a folder (LlamaForCausalLM, MistralForCausalLM,
     Qwen2ForCausalLM), in eval mode, in float32."""
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with quiet(), library_path(folder) as name:  # transformers' torch.load takes UTF-8 names
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
 
 
 def causal_lm_logits(model: PreTrainedModel, tgt_in: np.ndarray, pad_id: int) -> np.ndarray:
     """The model's logits (B, T, V) with our mask: the keys holding pad_id masked, except position
-    0 (the spec's decoder never masks it), positions 0 .. T-1 in every row (pads included)."""
+    0 (the spec's decoder never masks it), positions 0 .. T-1 in every row (pads included). A
+    model without a pad token pads with its virtual pad (pad_id = the vocabulary size), which
+    names no row of the embedding and embeds as the zero vector (docs/FORMAT.md, step 2): the
+    model is then given those embeddings (inputs_embeds), its other rows looked up as it would."""
     mask = tgt_in != pad_id
     mask[:, 0] = True
+    ids = torch.from_numpy(np.asarray(tgt_in, np.int64))
     with torch.inference_mode():
-        out = model(
-            input_ids=torch.from_numpy(np.asarray(tgt_in, np.int64)),
-            attention_mask=torch.from_numpy(mask.astype(np.int64)),
-        )
+        table = model.get_input_embeddings()
+        virtual = ids >= table.num_embeddings  # the virtual pad (check_inputs let only it past)
+        inputs: dict[str, torch.Tensor] = {"input_ids": ids}
+        if bool(virtual.any()):
+            rows = table(ids.masked_fill(virtual, 0))
+            inputs = {"inputs_embeds": rows.masked_fill(virtual[..., None], 0.0)}
+        out = model(**inputs, attention_mask=torch.from_numpy(mask.astype(np.int64)))
     return out.logits.numpy()

@@ -2,11 +2,13 @@
 
 After the destination is written, the source (read by its own reader and run by its own runtime)
 and the destination (read back from disk and run by its runtime) compute logits on the same
-seeded ragged probes; the largest difference must be within the float32 parity bound of the less
-precise side (common/spec/tolerances.py: the conversion adds no error of its own, so the bound is
-what running the two runtimes costs). The record goes into the destination's metadata as one
-JSON text under "provenance" (safetensors header, a Marian folder's model.safetensors header,
-ONNX metadata_props; docs/FORMAT.md), with the source file's sha256 and the versions that ran.
+seeded ragged probes; the largest difference must be within what running the two runtimes costs on
+this model (the conversion adds no error of its own): `verification_bound`, the parity bound of the
+less precise side (common/spec/tolerances.py) or, where it is more, the rounding error that the
+model's own size and output scale give (docs/PARITY.md, "The verification bound"). The record
+goes into the destination's metadata as one JSON text under "provenance" (safetensors header, a
+Marian folder's model.safetensors header, ONNX metadata_props; docs/FORMAT.md), with the source
+file's sha256 and the versions that ran.
 
 The runtimes: our .safetensors -> the float64 oracle; torch, keras, flax checkpoints -> their own
 framework; a Marian folder -> transformers' MarianMTModel; a BERT folder -> transformers'
@@ -24,10 +26,11 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import re
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
@@ -53,6 +56,13 @@ PROBE_SEED = 0
 # row (ragged_batch's last row at batch >= 3), lengths clipped to the model's max_len.
 PROBE_SHAPES = ((3, 7, 5), (2, 4, 9))
 
+# Unit roundoff u = 2^-p of each precision a runner computes in (p: the significand's bits).
+UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8}
+# The verification bound's safety factor over its rounding estimate u * sqrt(N) (docs/PARITY.md,
+# "The verification bound"): that estimate is about sqrt(3) standard deviations of each compared
+# output's error (a sum of many independent roundings), so twice it is about 3.5 of them.
+BOUND_SAFETY = 2.0
+
 Logits = Callable[[np.ndarray | None, np.ndarray | None], np.ndarray]
 
 
@@ -68,6 +78,9 @@ class VerifyRecord(TypedDict, total=False):
     max_abs_output_diff: float  # an encoder-only model: the outputs `compared` names
     compared: str
     bound: float
+    scale: float  # the largest |source output| on the probes, which the bound follows
+    score_range: float  # the widest range of one query's attention scores (score_ranges)
+    rounding_widths: int  # N: the inner widths whose roundings the bound adds (rounding_widths)
     sides: list[str]  # the two runners' labels, source first
     probe_seed: int
     probe_shapes: list[list[int | None]]  # [rows, src length, tgt length] per probe
@@ -83,6 +96,9 @@ class Runner:
     logits: Logits  # an encoder-only model's: its encoder_output (and pooled_output), concatenated
     versions: dict[str, str]
     full_rows_only: bool = False  # transformers' Marian attends pads where a row has no key
+    # Each probe's score ranges (score_ranges: one per attention), where the runtime shows its
+    # attention probabilities (the oracle); None where it does not.
+    score_ranges: list[list[float]] | None = None
 
 
 @dataclass
@@ -228,12 +244,23 @@ def runner(kind: str, path: Path, config: TransformerConfig) -> Runner:
         from transformer_rosetta.weights.format import load_weights
 
         # Mapped from the file; reference.forward computes in float64 from them, call by call.
-        weights = load_weights(path).tensors
+        # With the config the file holds, as any reader of it will run it: a config written
+        # wrong (a norm's eps, the rotary layout, the tying) is a wrong file.
+        written = load_weights(path)
+        weights, file_config = written.tensors, written.config
+        ranges: list[list[float]] = []
+
+        def oracle_outputs(src: np.ndarray | None, tgt: np.ndarray | None) -> np.ndarray:
+            out = reference.forward(weights, file_config, src, tgt)
+            ranges.append(score_ranges(out))
+            return compared(out)
+
         return Runner(
             "numpy float64 oracle",
             "float64",
-            lambda src, tgt: compared(reference.forward(weights, config, src, tgt)),
+            oracle_outputs,
             {"numpy": np.__version__},
+            score_ranges=ranges,
         )
     if kind in NATIVE_BACKENDS:
         backend = native_backend(kind)
@@ -368,6 +395,95 @@ def probes(
     return out
 
 
+def score_ranges(out: ForwardOutput) -> list[float]:
+    """Each attention's widest range of scores over one query's keys, max - min, in the order
+    encoder self-attentions, decoder self-attentions, cross-attentions (one per layer):
+    log(p_max / p_min) over the keys a row attends (a masked key's probability is exactly 0, and
+    scores and log-probabilities differ by one constant per row). 0.0 for a map with no row."""
+    ranges = []
+    for maps in (out.encoder_self_attention, out.decoder_self_attention, out.cross_attention):
+        for probs in maps or []:
+            attended = probs > 0
+            rows = attended.any(axis=-1)
+            logs = np.log(np.where(attended, probs, 1.0))
+            top = np.where(attended, logs, -np.inf).max(axis=-1)
+            bottom = np.where(attended, logs, np.inf).min(axis=-1)
+            ranges.append(float((top - bottom)[rows].max()) if rows.any() else 0.0)
+    return ranges
+
+
+def attention_count(config: TransformerConfig) -> int:
+    """The model's attentions: one per encoder layer, one or two (with an encoder) per decoder
+    layer."""
+    per_decoder_layer = 2 if config.has_encoder else 1
+    return config.num_encoder_layers + config.num_decoder_layers * per_decoder_layer
+
+
+def rounding_widths(config: TransformerConfig, length: int, scores: Sequence[float] = ()) -> int:
+    """N: the inner widths of the roundings between the input and the compared output, summed,
+    so that the output's relative rounding error is about u * sqrt(N) (docs/PARITY.md, "The
+    verification bound"). Each sublayer costs its norm (a mean and a variance over d_model) and
+    the matmuls on its way from input to output: an attention its input projection (d_model), its
+    scores (d_k, times S^2: a score's rounding is relative to the scores' size S = max(1, R), R
+    the attention's score range from `scores`, one per attention as score_ranges orders them, 1
+    for those not given; the softmax hands an absolute score error on as the same relative error of
+    its probability), its context (a sum over at most `length` keys) and its output projection
+    (h * d_k); a feed-forward its first projection (d_model, twice when gated: the gate's and the
+    value's errors are independent) and its second (d_ff). The output adds the final norm and,
+    with a decoder, the logits' projection."""
+    d, d_k = config.d_model, config.head_dim
+    attentions = attention_count(config)
+    sizes = [max(1.0, r) for r in scores]
+    sizes += [1.0] * (attentions - len(sizes))  # those whose range is not known
+    attention = 2 * d + length + config.num_heads * d_k  # and its scores, below
+    feed_forward = d + d * (2 if config.gated_feed_forward else 1) + config.d_ff
+    layers = config.num_encoder_layers + config.num_decoder_layers
+    output = d + (d if config.has_decoder else 0)
+    score_widths = math.ceil(d_k * sum(size**2 for size in sizes))
+    return attentions * attention + score_widths + layers * feed_forward + output
+
+
+def output_scale(outputs: list[np.ndarray]) -> float:
+    """The largest finite |value| of a side's compared outputs (0.0 where none is finite: a
+    non-finite output fails the comparison itself)."""
+    finite = [np.abs(a[np.isfinite(a)]) for a in outputs]
+    return max((float(a.max()) for a in finite if a.size), default=0.0)
+
+
+def verification_bound(
+    config: TransformerConfig,
+    scale: float,
+    dtypes: tuple[str, str],
+    length: int,
+    scores: Sequence[float] = (),
+) -> float:
+    """The largest difference two runtimes computing in `dtypes` may show on outputs of size up to
+    `scale` (the source's largest |output|) and attentions whose scores span `scores` (one
+    range per attention, score_ranges; none known: each taken as 1), when the conversion between
+    them is right.
+
+    The parity bound of the less precise side (common/spec/tolerances.py), set on models whose
+    outputs are O(1), or, where it is more, the rounding error this model's computation makes:
+    BOUND_SAFETY * sqrt(u_1^2 + u_2^2) * scale * sqrt(N), N = rounding_widths (docs/PARITY.md,
+    "The verification bound", derives it: each side's error is about u * sqrt(N) relative to the
+    outputs' scale, and the two sides' errors are independent). A fixed bound would refuse a
+    correct import whose logits are in the tens, as real checkpoints' are. The derived value is
+    rounded up to one significant digit, as every message prints it (`:.0e`), so that a printed
+    difference over its printed bound is over the bound itself."""
+    floor = max(atol_for(dtype, config) for dtype in dtypes)
+    try:
+        roundoff = math.hypot(*(UNIT_ROUNDOFF[dtype] for dtype in dtypes))
+    except KeyError as missing:
+        raise ValueError(f"no unit roundoff is set for dtype {missing}") from None
+    widths = rounding_widths(config, length, scores)
+    derived = BOUND_SAFETY * roundoff * scale * math.sqrt(widths)
+    if not derived > floor:  # O(1) outputs: the tier's bound, as every parity test holds
+        return floor
+    exponent = math.floor(math.log10(derived))
+    digit = math.ceil(derived / 10.0**exponent * (1 - 1e-12))  # 3.2e-5 -> 4e-5 (1e-12: 3e-5 stays)
+    return float(f"{digit}e{exponent}")
+
+
 def _collect_garbage() -> None:
     """gc.collect(), for a model held in reference cycles (a Keras model is), with the signals
     that stop a command only noted while it runs and acted on after: a handler that raised
@@ -421,19 +537,32 @@ def verify(
     left = runner(source[0], source[1], config)
     expected = [np.asarray(left.logits(src, tgt), np.float64) for src, tgt in batches]
     left_label, left_dtype, left_versions = left.label, left.dtype, left.versions
+    left_ranges = left.score_ranges
     del left  # the source's model, and the weights it holds: gone before the destination's
     _collect_garbage()
     right = runner(destination[0], destination[1], config)
-    bound = max(atol_for(left_dtype, config), atol_for(right.dtype, config))
+    # The bound follows the source's outputs (what the conversion must reproduce): a broken
+    # destination, whose outputs may be far larger, cannot widen it.
+    scale = output_scale(expected)
+    length = max(a.shape[1] for batch in batches for a in batch if a is not None)
     worst = 0.0
     shapes: list[list[int | None]] = []
     for (src, tgt), want in zip(batches, expected, strict=True):
-        diff = np.abs(want - right.logits(src, tgt))
-        worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
+        got = np.asarray(right.logits(src, tgt), np.float64)
+        # A NaN or an Inf on either side, or outputs of another shape, miss any bound: the
+        # difference is then infinite (a max that skips NaN, as np.nanmax does, would pass it).
+        diff = np.abs(want - got) if got.shape == want.shape else np.array([math.inf])
+        worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else math.inf)
         given = src if src is not None else tgt
         # Every model has a stack, and ragged_batch gives each stack's input.
         assert given is not None
         shapes.append([given.shape[0], *(None if a is None else a.shape[1] for a in (src, tgt))])
+    # The scores' range from the oracle's attention maps: the source's where it is the oracle,
+    # else the written file's (a side that shows none, transformers' or onnxruntime's, neither).
+    ranges = left_ranges if left_ranges is not None else right.score_ranges
+    # Each attention's widest range over the probes.
+    scores = [max(per_probe) for per_probe in zip(*ranges, strict=True)] if ranges else []
+    bound = verification_bound(config, scale, (left_dtype, right.dtype), length, scores)
     record = VerifyRecord(passed=bool(worst <= bound))
     if config.has_decoder:
         record["max_abs_logit_diff"] = worst
@@ -443,6 +572,9 @@ def verify(
     return {
         **record,
         "bound": bound,
+        "scale": scale,
+        "score_range": max(scores, default=0.0),
+        "rounding_widths": rounding_widths(config, length, scores),
         "sides": [left_label, right.label],
         "probe_seed": PROBE_SEED,
         "probe_shapes": shapes,

@@ -26,6 +26,7 @@ from transformer_rosetta.files.safe_read import (
     read_json,
     shown,
 )
+from transformer_rosetta.spec.arguments import check_path
 
 NORM_POSITIONS = ("post", "pre")
 NORM_KINDS = ("layer_norm", "std_plus_eps", "rms_norm")
@@ -181,6 +182,15 @@ class TransformerConfig:
         """d_k = d_v: d_model / h (section 3.2.2), or key_dim when the config sets it."""
         return self.key_dim if self.key_dim is not None else self.d_model // self.num_heads
 
+    @property
+    def virtual_pad(self) -> bool:
+        """Whether the model has no pad token: a decoder-only model whose pad_id is
+        tgt_vocab_size, one past its vocabulary (docs/FORMAT.md, "Special ids"). That id names no
+        token, so no real token is ever masked, as transformers masks none by id; where it pads a
+        batch it embeds as the zero vector. A static switch: a model with a real pad pays nothing.
+        """
+        return self.kind == "decoder_only" and self.pad_id == self.tgt_vocab_size
+
     # -- JSON round trip -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -223,7 +233,8 @@ class TransformerConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TransformerConfig:
-        """Read a JSON config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
+        """Read a JSON config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8 (or,
+        as --config takes it, the JSON itself when the value starts with `{`)."""
         return cls.from_dict(read_config_fields(path))
 
     def replace(self, **changes: Any) -> TransformerConfig:
@@ -234,16 +245,39 @@ class TransformerConfig:
         return dataclasses.replace(self, **changes)
 
 
+def is_inline_json(value: object) -> bool:
+    """Whether a --config value (or the API's config=) is the JSON itself rather than a file's
+    name: it starts with `{`, as no config file's name does (write ./{name}.json for one)."""
+    return isinstance(value, str) and value.lstrip().startswith("{")
+
+
 def read_config_fields(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a config file, not yet a config: a regular UTF-8 file of at most
-    MAX_CONFIG_BYTES. An importer table takes some fields from it and the rest from the model
-    (common/porting/table.py). ConfigError names the file for anything unreadable."""
-    try:
-        data = read_json(path, "a config file", MAX_CONFIG_BYTES)
-    except MissingFile:
-        raise ConfigError([f"no such config file {shown(path)}"]) from None
-    except FileProblem as exc:
-        raise ConfigError([str(exc)]) from None
+    """The JSON object of a config, not yet a config: a regular UTF-8 file of at most
+    MAX_CONFIG_BYTES, or the JSON itself when the value starts with `{`
+    (`--config '{"pad_id": 5}'`, docs/PORTING.md), held to the same limits as a file's: its
+    size, its nesting depth, the digits of an integer, a key given twice (parse_json). An
+    importer table takes some fields from it and the rest from the model
+    (common/porting/table.py). ConfigError names the file, or quotes the JSON, for anything
+    unreadable; InputTypeError names `path` when it is neither text nor a pathlib.Path."""
+    if is_inline_json(path):
+        text = str(path)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                [f"config JSON: {size:,} bytes, over the limit of {MAX_CONFIG_BYTES:,}"]
+            )
+        try:
+            data = parse_json(text)
+        except FileProblem as exc:
+            raise ConfigError([f"config JSON {brief(text)}: {exc.problem}"]) from None
+    else:
+        check_path(path, "path")
+        try:
+            data = read_json(path, "a config file", MAX_CONFIG_BYTES)
+        except MissingFile:
+            raise ConfigError([f"no such config file {shown(path)}"]) from None
+        except FileProblem as exc:
+            raise ConfigError([str(exc)]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"a config must be a JSON object, got {type(data).__name__}"])
     return data
@@ -379,9 +413,19 @@ def validation_problems(c: TransformerConfig) -> list[str]:
             )
     for name in _ID_FIELDS:
         value = getattr(c, name)
+        if name == "pad_id" and c.virtual_pad:
+            continue  # one past the vocabulary: a decoder-only model without a pad token
         for stack, size in special_id_vocabularies(c, name):
             if value >= size:
-                problems.append(f"{name}: {value} is outside the {stack} vocabulary (size {size})")
+                problems.append(
+                    f"{name}: {value} is outside the {stack} vocabulary (size {size})"
+                    + (
+                        "; pad_id = tgt_vocab_size (no pad token) is for a decoder-only model "
+                        f"only, and {c.a_model_of_its_kind} masks its padding by pad_id"
+                        if name == "pad_id" and stack == "target" and value == size
+                        else ""
+                    )
+                )
     if c.eos_id == c.pad_id:
         problems.append(f"eos_id: must differ from pad_id (both {c.eos_id})")
     # GPT-2's <|endoftext|> both starts and ends a text: a decoder-only model, which decodes from
@@ -513,7 +557,7 @@ def preset(name: str) -> TransformerConfig:
     """One of PRESETS by name, with an error listing the names when it is unknown."""
     try:
         return PRESETS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: a list or a dict is no name (unhashable)
         raise ConfigError(
             [f"preset: unknown preset {name!r}; allowed: {', '.join(PRESETS)}"]
         ) from None

@@ -9,8 +9,12 @@ from transformer_rosetta.errors import InputError
 from transformer_rosetta.spec.config import TransformerConfig
 
 
-def check_ids(ids: np.ndarray, name: str, vocab_size: int) -> np.ndarray:
-    """`ids` as a [batch, length] int64 array; InputError naming `name` when it is not one."""
+def check_ids(
+    ids: np.ndarray, name: str, vocab_size: int, *, pad_id: int | None = None
+) -> np.ndarray:
+    """`ids` as a [batch, length] int64 array of ids in [0, vocab_size); InputError naming `name`
+    when it is not one. `pad_id`, when given, is allowed too: a model without a pad token pads
+    with the id one past its vocabulary (TransformerConfig.virtual_pad)."""
     ids = np.asarray(ids)
     if not np.issubdtype(ids.dtype, np.integer):
         raise InputError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
@@ -20,7 +24,13 @@ def check_ids(ids: np.ndarray, name: str, vocab_size: int) -> np.ndarray:
         raise InputError(f"{name}: batch and length must be >= 1, got {list(ids.shape)}")
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
+        outside = (ids < 0) | (ids >= vocab_size)
+        if pad_id is not None:
+            outside &= ids != pad_id
+        outside = ids[outside]
+        if not outside.size:  # only the allowed pad id past the vocabulary
+            return ids.astype(np.int64)
+        bad = int(outside.min()) if lo < 0 else int(outside.max())
         where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
         raise InputError(
             f"{name}: token id {bad} at {list(where)} is outside the vocabulary [0, {vocab_size})"
@@ -50,7 +60,9 @@ def check_inputs(
         src = check_ids(src, "src", c.src_vocab_size)
         check_length(src.shape[1], "src", c)
     if tgt_in is not None:
-        tgt_in = check_ids(tgt_in, "tgt", c.tgt_vocab_size)
+        # A model without a pad token pads with its virtual pad, which embeds as zero.
+        pad = c.pad_id if c.virtual_pad else None
+        tgt_in = check_ids(tgt_in, "tgt", c.tgt_vocab_size, pad_id=pad)
         check_length(tgt_in.shape[1], "tgt", c)
     if src is not None and tgt_in is not None and src.shape[0] != tgt_in.shape[0]:
         raise InputError(

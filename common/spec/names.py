@@ -7,6 +7,7 @@ dense kernels are [in, out], attention kernels keep heads as their own axis.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from transformer_rosetta.spec.config import TransformerConfig
@@ -105,6 +106,21 @@ def embedding_specs(stack: str, c: TransformerConfig) -> list[TensorSpec]:
     return specs
 
 
+def layer_specs(stack: str, i: int, c: TransformerConfig) -> list[TensorSpec]:
+    """The tensors of layer i of `stack` ("encoder" or "decoder"): its self-attention, the
+    decoder's cross-attention when the model has an encoder, the feed-forward, and their norms.
+    Every layer of a stack has the same shapes; only the index in the names differs."""
+    p = f"{stack}.layers.{i}"
+    specs = attention_specs(f"{p}.self_attention", c)
+    specs += norm_specs(f"{p}.self_attention_norm", c)
+    if stack == "decoder" and c.has_encoder:
+        specs += attention_specs(f"{p}.cross_attention", c)
+        specs += norm_specs(f"{p}.cross_attention_norm", c)
+    specs += feed_forward_specs(f"{p}.feed_forward", c)
+    specs += norm_specs(f"{p}.feed_forward_norm", c)
+    return specs
+
+
 def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
     """Every tensor of a model with config `c`, in a fixed order (embeddings, encoder, decoder,
     output): the order of docs/FORMAT.md's table and of what load_weights returns. A file's
@@ -124,23 +140,12 @@ def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
         specs += embedding_specs(stack, c)
 
     for i in range(c.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        specs += attention_specs(f"{p}.self_attention", c)
-        specs += norm_specs(f"{p}.self_attention_norm", c)
-        specs += feed_forward_specs(f"{p}.feed_forward", c)
-        specs += norm_specs(f"{p}.feed_forward_norm", c)
+        specs += layer_specs("encoder", i, c)
     if c.final_norm and c.has_encoder:
         specs += norm_specs("encoder.final_norm", c)
 
     for i in range(c.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        specs += attention_specs(f"{p}.self_attention", c)
-        specs += norm_specs(f"{p}.self_attention_norm", c)
-        if c.has_encoder:
-            specs += attention_specs(f"{p}.cross_attention", c)
-            specs += norm_specs(f"{p}.cross_attention_norm", c)
-        specs += feed_forward_specs(f"{p}.feed_forward", c)
-        specs += norm_specs(f"{p}.feed_forward_norm", c)
+        specs += layer_specs("decoder", i, c)
     if c.final_norm and c.has_decoder:
         specs += norm_specs("decoder.final_norm", c)
 
@@ -157,15 +162,42 @@ def canonical_shapes(c: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return {s.name: s.shape for s in canonical_specs(c)}
 
 
-def parameter_count(c: TransformerConfig) -> int:
-    """Number of trainable scalars; a tied matrix counts once."""
+def _numbers(specs: list[TensorSpec]) -> int:
     total = 0
-    for s in canonical_specs(c):
+    for s in specs:
         n = 1
         for dim in s.shape:
             n *= dim
         total += n
     return total
+
+
+def parameter_count(c: TransformerConfig) -> int:
+    """Number of trainable scalars; a tied matrix counts once.
+
+    Counted from one layer of each stack times its layer count (every layer has the same
+    shapes), so the count costs the same for 2 layers as for 10^9: the memory estimates that
+    refuse an impossible config (common/app/resources.py) must not themselves build a name per
+    layer."""
+    layers = (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers))
+    shell = dataclasses.replace(c, num_encoder_layers=min(c.num_encoder_layers, 1))
+    shell = dataclasses.replace(shell, num_decoder_layers=min(c.num_decoder_layers, 1))
+    total = _numbers(canonical_specs(shell))  # the embeddings, the final norms, the output
+    for stack, n in layers:
+        if n:
+            total += (n - 1) * _numbers(layer_specs(stack, 0, c))
+    return total
+
+
+def position_buffer_count(c: TransformerConfig) -> int:
+    """The numbers of the position tables that each framework's model computes when it is built
+    and keeps beside its parameters (torch_impl/model.py, Stack): one per stack, of max_len rows
+    of d_model (sinusoidal) or of d_k (rotary: the cosines and the sines, d_k / 2 each). Learned
+    positions are parameters (parameter_count). A max_len that no tensor tells (an outside
+    config's max_position_embeddings for rotary or sinusoidal positions) enters memory here."""
+    width = {"sinusoidal": c.d_model, "rotary": c.head_dim}.get(c.position_kind, 0)
+    stacks = int(c.has_encoder) + int(c.has_decoder)
+    return stacks * c.max_len * width
 
 
 # -- the ONNX graphs' inputs and outputs (torch_impl/onnx_export.py; docs/PORTING.md, "ONNX") ----

@@ -11,17 +11,14 @@ shards in Hugging Face's layout (weights/shards.py), read and written by the sam
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
 import os
 import shutil
-import signal
 import stat
 import struct
 import sys
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +29,6 @@ import numpy as np
 from transformer_rosetta.errors import ConfigError, WeightFileError
 from transformer_rosetta.files.array_writes import CopyBlock, write_arrays, write_at
 from transformer_rosetta.files.outputs import (
-    CAUGHT_SIGNALS,
     WriteFailed,
     atomic_write,
     check_free_space,
@@ -52,6 +48,12 @@ from transformer_rosetta.files.safe_read import (
     parse_json,
     regular_file,
     shown,
+)
+from transformer_rosetta.spec.arguments import (
+    check_instance,
+    check_mapping,
+    check_path,
+    check_text,
 )
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
@@ -440,6 +442,9 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
     `config`, when given, is what the caller expects: a file whose config differs is refused,
     and a file without metadata is checked against it.
     """
+    check_path(path, "path")
+    if config is not None:
+        check_instance(config, "config", TransformerConfig, "a TransformerConfig or None")
     parts = _read_parts(path)  # every field's type is checked there, and every shard
     header = {name: entry for part in parts for name, entry in part.header.items()}
     metadata = parts[0].metadata  # every shard carries the same (checked by _read_parts)
@@ -579,6 +584,17 @@ def save_weights(
     (weights/shards.py): staged beside it and moved into place whole, every shard carrying the
     same metadata. A caller that writes into an existing folder checks shards.replaced_files
     first: the layout's files already there are replaced or removed."""
+    # The API's arguments, each by its name, before anything is looked at (spec/arguments.py).
+    check_path(path, "path")
+    check_mapping(tensors, "tensors", "a mapping of canonical tensor name -> array")
+    check_instance(config, "config", TransformerConfig, "a TransformerConfig")
+    check_text(producer, "producer")
+    if task is not None:
+        check_text(task, "task")
+    if max_shard_size is not None:
+        shards.check_shard_size(max_shard_size)
+    if metadata is not None:
+        check_mapping(metadata, "metadata", "a mapping of string -> string, or None")
     write_weights(
         path, tensors, config, producer, task=task, max_shard_size=max_shard_size, metadata=metadata
     )
@@ -759,37 +775,15 @@ def _save_sharded(
         publish_weights(stage, folder)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """The catchable signals wait while inside (as outputs.publish holds them): a few renames
-    and removals that must happen all or not at all."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {*CAUGHT_SIGNALS, signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def publish_weights(stage: Path, path: Path) -> None:
-    """outputs.publish for a staged model: a file, or a folder of the sharded layout. Over an
-    existing folder, the layout's files that the new model lacks go too (the stale shards of an
-    earlier, larger split; a model.safetensors, which readers prefer to an index, first of all),
-    so the folder holds one model. The caller has checked them (shards.replaced_files)."""
-    if not (stage.is_dir() and path.is_dir()):
-        publish(stage, path)
-        return
-    new = set(os.listdir(stage))
-    stale = [name for name in shards.layout_files(path) if name not in new]
-    with _signals_held():
-        if shards.SINGLE_FILE in stale:  # before the index appears beside it
-            (path / shards.SINGLE_FILE).unlink()
-        publish(stage, path)
-        for name in stale:
-            with contextlib.suppress(FileNotFoundError):
-                (path / name).unlink()
+    """outputs.publish for a staged model: a file, or a folder of the sharded layout. A folder
+    replaces the one at `path` whole (docs/RELIABILITY.md, "Nothing is lost"), so the folder
+    holds one model: the layout's files there that the new model lacks (the stale shards of an
+    earlier, larger split; a model.safetensors, which readers prefer to an index, first of all)
+    are not carried into it, the folder's other files (a README) are. The caller has checked
+    them (shards.replaced_files); one that appeared since, or a folder that was absent when
+    checked and appeared since, is left as it is (OutputError)."""
+    publish(stage, path, drops=shards.layout_files)
 
 
 def planned_files(config: TransformerConfig, dtype: str, max_shard_size: int) -> list[str]:

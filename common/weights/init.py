@@ -11,8 +11,9 @@ import zlib
 
 import numpy as np
 
+from transformer_rosetta.spec.arguments import check_choice, check_instance, check_seed
 from transformer_rosetta.spec.config import TransformerConfig
-from transformer_rosetta.spec.dtypes import numpy_dtype
+from transformer_rosetta.spec.dtypes import DTYPES, numpy_dtype
 from transformer_rosetta.spec.names import TensorSpec, canonical_specs
 
 SCHEMES = ("paper", "perturbed")
@@ -50,8 +51,10 @@ def init_tensor(spec: TensorSpec, c: TransformerConfig, seed: int, scheme: str) 
 def init_weights(
     c: TransformerConfig, seed: int = 0, *, scheme: str = "paper", dtype: str = "float32"
 ) -> dict[str, np.ndarray]:
-    """Every canonical tensor of `c`, drawn in float64 and then cast to `dtype`."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: unknown {scheme!r}; allowed: {', '.join(SCHEMES)}")
-    target = numpy_dtype(dtype)
+    """Every canonical tensor of `c`, drawn in float64 and then cast to `dtype`. The seed runs
+    from 0 to SEED_MAX, as --seed does (transformer_rosetta.spec.arguments)."""
+    check_instance(c, "c", TransformerConfig, "a TransformerConfig")
+    check_seed(seed)
+    check_choice(scheme, "scheme", SCHEMES)
+    target = numpy_dtype(check_choice(dtype, "dtype", tuple(DTYPES)))
     return {s.name: init_tensor(s, c, seed, scheme).astype(target) for s in canonical_specs(c)}

@@ -19,10 +19,11 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from transformer_rosetta.errors import WeightFileError
+from transformer_rosetta.errors import InputError, InputTypeError, WeightFileError
 from transformer_rosetta.files.safe_read import (
     MAX_HEADER_BYTES,
     FileProblem,
@@ -34,6 +35,7 @@ from transformer_rosetta.files.safe_read import (
     read_bytes,
     shown,
 )
+from transformer_rosetta.spec.arguments import check_int
 
 SINGLE_FILE = "model.safetensors"  # a model that fits one shard (transformers' SAFE_WEIGHTS_NAME)
 INDEX_FILE = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
@@ -56,14 +58,23 @@ _SIZE_UNITS = {
     "TIB": 2**40,
 }
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+# A size's digits at most: 20 digits of terabytes is beyond any disk, and a longer number is
+# refused before Python's Fraction() spends time on it.
+MAX_SIZE_DIGITS = 20
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size such as "2GB", "200MB", "500KB", "1.5GiB" or a plain byte count; a
-    ValueError whose message is one line for anything else (0, a negative size, "2XB").
+    """Bytes from a size such as "2GB", "200MB", "1.5GB", "1GiB" or a plain byte count; a
+    ValueError whose message is one line for anything else: 0, a negative size, an unknown unit
+    ("2XB"), or a fraction of a byte ("1.5", "1.1KiB").
 
-    KB, MB, GB and TB are powers of 10, as in huggingface_hub's parse_size_to_int (which
-    transformers' save_pretrained reads its max_shard_size with); KiB to TiB are powers of 2."""
+    KB, MB, GB and TB are powers of 10, as in huggingface_hub's parse_size_to_int, which
+    transformers' save_pretrained reads its max_shard_size with, and a decimal number with a
+    unit is read as it reads one ("1.5GB" is 1,500,000,000 bytes); KiB to TiB are powers of 2.
+    Unlike parse_size_to_int, which truncates, a size that is no whole number of bytes is
+    refused: "1.5" would otherwise become 1 byte, a shard per tensor."""
+    if not isinstance(text, str):
+        raise ValueError(f"{brief(text)} is not a size: give it as text, such as 2GB")
     match = _SIZE.fullmatch(text)
     if match is None:
         raise ValueError(
@@ -76,9 +87,34 @@ def parse_size(text: str) -> int:
             f"{brief(text)}: unknown unit {brief(unit)}; use KB, MB, GB, TB (powers of 10), "
             "KiB, MiB, GiB, TiB (powers of 2), or none for bytes"
         )
-    size = int(float(number) * _SIZE_UNITS[unit.upper()])
+    if sum(c.isdigit() for c in number) > MAX_SIZE_DIGITS:
+        raise ValueError(f"{brief(text)}: more than {MAX_SIZE_DIGITS} digits is not a size")
+    # Exact arithmetic: a float would round 2**63 + 1 bytes, and truncate 1.5 to 1 unnoticed.
+    size = Fraction(number) * _SIZE_UNITS[unit.upper()]
     if size < 1:
         raise ValueError(f"{brief(text)}: a shard holds at least 1 byte")
+    if size.denominator != 1:
+        raise ValueError(
+            f"{brief(text)} is not a whole number of bytes; give a whole number, or a decimal "
+            "with a unit (1.5GB)"
+        )
+    return int(size)
+
+
+def check_shard_size(value: object, name: str = "max_shard_size") -> int:
+    """A max_shard_size given to the API (save_weights, RosettaModel.save, convert): an integer
+    number of bytes >= 1, as --max-shard-size's parse_size gives it. A bool or a float is
+    refused by type (InputTypeError), 0 or a negative count by range (InputError); a string
+    too, with the way to read one ("2GB" is parse_size("2GB") bytes)."""
+    if isinstance(value, str):
+        raise InputTypeError(
+            f"{name}: must be a number of bytes (an int >= 1), got {brief(value)}; "
+            f"transformer_rosetta.weights.shards.parse_size({brief(value)}) reads a size with a "
+            "unit"
+        )
+    size = check_int(value, name)
+    if size < 1:
+        raise InputError(f"{name}: a shard holds at least 1 byte, got {size}")
     return size
 
 
@@ -88,8 +124,7 @@ def split_into_shards(sizes: Mapping[str, int], max_shard_size: int) -> list[lis
     gets a shard of its own at once; any other closes the current shard when it would take it
     past max_shard_size, and starts the next. No packing: [6, 6, 2, 6, 2, 2] GB under 10 GB is
     [6], [6, 2], [6, 2, 2]."""
-    if max_shard_size < 1:
-        raise ValueError(f"max_shard_size must be at least 1 byte, got {max_shard_size}")
+    check_shard_size(max_shard_size)  # every caller checked it: a caller's bug, named anyway
     shards: list[list[str]] = []
     current: list[str] = []
     current_size = 0

@@ -163,7 +163,7 @@ def test_the_config_comes_from_config_json(gpt2):
     assert c.kind == "decoder_only"
     assert (c.tgt_vocab_size, c.d_model, c.num_heads, c.num_decoder_layers) == (VOCAB, 32, 4, 2)
     assert (c.d_ff, c.max_len, c.activation, c.layer_norm_eps) == (128, 64, "gelu_tanh", 1e-5)
-    assert (c.bos_id, c.eos_id, c.pad_id) == (EOT, EOT, EOT - 1)  # no pad_token_id: noted
+    assert (c.bos_id, c.eos_id, c.pad_id) == (EOT, EOT, VOCAB)  # no pad token: the virtual pad
     from transformer_rosetta.porting.convert import infer_source_kind
 
     assert infer_source_kind(folder) == "gpt2"

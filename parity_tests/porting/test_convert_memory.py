@@ -116,7 +116,7 @@ def test_a_sharded_destination_is_written_checked_and_read_back(tmp_path, capsys
 
 def test_shards_are_the_shared_formats_only(tmp_path):
     backend_or_skip("torch")
-    with pytest.raises(ConvertError, match="--max-shard-size writes the shared format"):
+    with pytest.raises(ConvertError, match="max_shard_size: writes the shared format"):
         convert(VECTOR, tmp_path / "out", to_kind="torch", max_shard_size=1000)
     assert list(tmp_path.iterdir()) == []
 

@@ -536,8 +536,8 @@ def test_a_cli_round_with_mingpt(imported, tmp_path, capsys):
         (
             "mingpt",
             "mingpt",
-            {"num_heads": 2},
-            "pad_id: the file cannot tell it; give it in --config FILE.json",
+            {"num_heads": 2},  # pad_id need not be given: without it the model has no pad
+            "bos_id: the file cannot tell it; give it in --config FILE.json",
         ),
         (
             "nanogpt",

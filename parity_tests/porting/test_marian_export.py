@@ -97,7 +97,10 @@ def test_the_written_folder_carries_its_verification(tmp_path):
     check = json.loads(metadata["provenance"])["verify"]
     assert check["passed"] and check["sides"][0] == "numpy float64 oracle"
     assert check["sides"][1].startswith("transformers ") and "MarianMTModel" in check["sides"][1]
-    assert 0 < check["max_abs_logit_diff"] <= check["bound"] == atol_for("float32")
+    # The bound follows the model (docs/PARITY.md, "The verification bound"): for these O(1)
+    # logits it is float32's parity bound or within a few times of it, never loose.
+    assert 0 < check["max_abs_logit_diff"] <= check["bound"]
+    assert atol_for("float32") <= check["bound"] <= 5 * atol_for("float32")
     # transformers gives a fully padded source row uniform attention over the pads, we give
     # zeros (docs/PORTING.md): those rows are not probed.
     assert check["probe_rows"] == "ragged_batch without fully padded source rows"

@@ -311,8 +311,9 @@ REFUSED = {
     "scaling), which the spec (angle pos * rope_theta^(-2i/d_k)) cannot express",
     "unknown key": "params.json: unknown key 'vision_chunk_size'; --from meta-llama reads",
     "no eos_id": "eos_id: params.json does not tell it (the tokenizer's); give eos_id in --config",
-    "wrong d_ff": "wrong shape for layers.0.feed_forward.w1.weight: file has [112, 32], config "
-    "needs [128, 32]",
+    # Meta's formula gives 128 for these params; the count is named by its keys, before any work.
+    "wrong d_ff": "d_ff (Meta Llama multiple_of, ffn_dim_multiplier): 128, but the file's "
+    "layers.0.feed_forward.w1.weight is [112, 32]",
     "a missing rank": "missing shard consolidated.01.pth",
     "ranks that disagree": "norm.weight: differs between ranks, which each hold it whole",
 }

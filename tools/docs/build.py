@@ -199,6 +199,7 @@ _ALLOWED = {
     "num_kv_heads": "integer >= 1 that divides num_heads, or null (num_heads)",
     "attention_output_bias": "true / false, or null (as attention_bias)",
     "rope_theta": "number in (1, 1e12)",
+    "pad_id": "integer in [0, vocab), or tgt_vocab_size: no pad token (decoder-only)",
 }
 
 _JSON_BOOLS: dict[object, str] = {True: "true", False: "false"}

@@ -26,7 +26,14 @@ from transformer_rosetta.adapter.backends import (  # noqa: E402
 from transformer_rosetta.app.resources import check_fits, weights_bytes  # noqa: E402
 from transformer_rosetta.errors import InputError, RosettaError  # noqa: E402
 from transformer_rosetta.files.outputs import shown  # noqa: E402
-from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset  # noqa: E402
+from transformer_rosetta.spec.arguments import SEED_MAX as SEED_MAX  # noqa: E402 (tools/docs)
+from transformer_rosetta.spec.arguments import check_seed  # noqa: E402
+from transformer_rosetta.spec.config import (  # noqa: E402
+    PRESETS,
+    TransformerConfig,
+    is_inline_json,
+    preset,
+)
 from transformer_rosetta.spec.inputs import INPUT_STACKS  # noqa: E402
 from transformer_rosetta.spec.mesh import MeshShape, parse_mesh  # noqa: E402
 from transformer_rosetta.spec.precision import DEFAULT_PRECISION, PRECISIONS  # noqa: E402
@@ -71,18 +78,17 @@ def positive_int(text: str) -> int:
     return value
 
 
-SEED_MAX = 2**32 - 1  # the widest seed every framework's generator takes (JAX keys are uint32)
-
-
 def seed_int(text: str) -> int:
-    """An argparse type: a seed from 0 to 2**32 - 1."""
+    """An argparse type: a seed from 0 to SEED_MAX (2**32 - 1), checked by the API's own check
+    (transformer_rosetta.spec.arguments.check_seed), so that --seed and seed= take the same."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {value}")
-    return value
+    try:
+        return check_seed(value, "--seed")
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--seed: ")) from None
 
 
 def size_arg(text: str) -> int:
@@ -146,7 +152,12 @@ def add_model_arguments(p: argparse.ArgumentParser, default_preset: str | None) 
         choices=list(PRESETS),
         help=f"a built-in config{f' (default: {default_preset})' if default_preset else ''}",
     )
-    which.add_argument("--config", metavar="FILE.json", help="your own config as JSON")
+    which.add_argument(
+        "--config",
+        metavar="FILE.json",
+        help="your own config as JSON: a file, or the JSON itself when it starts with { "
+        """(--config '{"num_heads": 2}')""",
+    )
     which.add_argument(
         "--weights",
         metavar="FILE.safetensors",
@@ -183,7 +194,11 @@ def config_and_weights(
     check_fits(weights_bytes(asked), "random float64 weights for this config")
     # The "perturbed" scheme: random biases and gains, so that a dropped bias cannot hide.
     weights = init_weights(asked, seed=args.seed, scheme="perturbed", dtype="float64")
-    name = args.config or f"preset {args.preset or default_preset}"
+    name = (
+        ("--config's JSON" if is_inline_json(args.config) else args.config)
+        if args.config
+        else f"preset {args.preset or default_preset}"
+    )
     return asked, weights, f"{name}, random weights from seed {args.seed}"
 
 
@@ -247,13 +262,14 @@ DEVICE_HELP = (
 
 def device_arg(text: str) -> str:
     """An argparse type: a --device request (transformer_rosetta.app.parity.resolve_devices), checked for its
-    form here; whether the framework sees that device is checked once the framework is known."""
-    kind, colon, index = text.partition(":")
-    if text in ("auto", "cpu", "gpu", "cuda", "mps", "all") or (
-        kind in ("gpu", "cuda") and colon and index.isdigit()
-    ):
-        return text
-    raise argparse.ArgumentTypeError(f"unknown device {text!r}; give {DEVICE_HELP}")
+    form here, by the API's own check (check_device_request); whether the framework sees that
+    device is checked once the framework is known."""
+    from transformer_rosetta.app.parity import check_device_request
+
+    try:
+        return check_device_request(text, "--device")
+    except InputError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; give {DEVICE_HELP}") from None
 
 
 def add_device_argument(p: argparse.ArgumentParser, *, every: bool = False) -> None:

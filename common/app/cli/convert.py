@@ -188,7 +188,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.json",
         help="the model's config, for sources that do not carry one (torch, keras, flax, "
         "nn-transformer); for the tutorials' models, --map, gpt2, llama and meta-llama, only the "
-        'fields the files cannot tell (e.g. {"num_heads": 8}; {"pad_id": 0})',
+        'fields the files cannot tell (e.g. {"num_heads": 8}; {"pad_id": 0}): a file, or the '
+        "JSON itself when it starts with {",
     )
     p.add_argument(
         "--map",
@@ -292,7 +293,8 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config",
         metavar="FILE.json",
-        help="the model's config, for sources that do not carry one (as in convert)",
+        help="the model's config, for sources that do not carry one (as in convert: a file, "
+        "or the JSON itself when it starts with {)",
     )
     p.set_defaults(map=None, learned_positions=False)
     add_writing_arguments(p, onnx_only=True)
