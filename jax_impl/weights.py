@@ -44,7 +44,11 @@ from transformer_rosetta.jax_impl.model import Transformer
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import numpy_dtype
 from transformer_rosetta.spec.names import canonical_shapes
-from transformer_rosetta.weights.format import check_tensors, weight_file_path
+from transformer_rosetta.weights.format import (
+    check_layer_counts,
+    check_tensors,
+    weight_file_path,
+)
 
 _StatePath = tuple[str | int, ...]
 
@@ -311,6 +315,8 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     others = [f"{n} ({type(v).__name__})" for n, v in flat.items() if not isinstance(v, np.ndarray)]
     if others:
         raise WeightFileError(shown(path), [f"leaves that are not arrays: {listing(others)}"])
+    # A --config of 10^9 layers over a file of 2: refused before its names are built.
+    check_layer_counts(path, config, flat)
     check_tensors(path, config, flat)
     return {name: flat[name] for name in canonical_shapes(config)}
 

@@ -36,7 +36,11 @@ from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import dtype_name, numpy_dtype
 from transformer_rosetta.spec.names import canonical_shapes
 from transformer_rosetta.tf_impl.model import Transformer
-from transformer_rosetta.weights.format import tensor_problems, weight_file_path
+from transformer_rosetta.weights.format import (
+    check_layer_counts,
+    tensor_problems,
+    weight_file_path,
+)
 
 # idiom: Keras's name for a leaf -> ours; None drops the leaf (an Embedding layer's one variable
 # is "embeddings", and the layer's own name is already the canonical tensor name).
@@ -301,6 +305,16 @@ def native_layout(config: TransformerConfig) -> dict[str, str]:
     return dict(_keras_skeleton(config)[1])
 
 
+def _layer_stems(config: TransformerConfig) -> dict[str, str]:
+    """{stack: how model.save_weights names its layers ("encoder/layers/encoder_layer{_i}")},
+    for layer_count_problems: read off the skeleton of `config` at two layers a stack, which
+    costs the same whatever the config's layer counts."""
+    stacks = [s for s in ("encoder", "decoder") if getattr(config, f"num_{s}_layers")]
+    two = config.replace(**{f"num_{s}_layers": _ASKED_DEPTH for s in stacks})
+    found = {name: path for path, name in _keras_skeleton(two)[1].items()}
+    return {s: _layer_group(s, found).removesuffix("_1") + "{_i}" for s in stacks}
+
+
 def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.ndarray]:
     """Canonical tensors, in canonical order and the stored dtype (bit-exact), from the
     .weights.h5 of a model for `config`; one WeightFileError lists every problem.
@@ -313,10 +327,12 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     """
     # a folder, FIFO or device is refused from its stat, unopened (h5py would block)
     path = weight_file_path(path, "a Keras weights file")
-    layout = native_layout(config)
     # idiom: Keras saves HDF5; read through the project's one HDF5 reader (common/files/hdf5.py),
     # which refuses a dataset stored outside the file before any is read.
     with hdf5_datasets(path, "Keras .weights.h5") as datasets:
+        # A --config of 10^9 layers over a file of 2: refused before its layout is built.
+        check_layer_counts(path, config, datasets, _layer_stems(config))
+        layout = native_layout(config)
         stored = {p: (stored_dtype(ds), tuple(ds.shape)) for p, ds in datasets.items()}
         unexpected = sorted(p for p in stored if p not in layout)
         entries = {layout[p]: e for p, e in stored.items() if p in layout}

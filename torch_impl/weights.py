@@ -59,7 +59,11 @@ from transformer_rosetta.files.safe_read import listing, os_problem, shown
 from transformer_rosetta.files.zip_records import Member, ZipLayoutError, set_crc32, stored_members
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.names import TensorSpec, canonical_specs, embedding_names
-from transformer_rosetta.weights.format import dtype_problems, weight_file_path
+from transformer_rosetta.weights.format import (
+    check_layer_counts,
+    dtype_problems,
+    weight_file_path,
+)
 
 
 def native_name_map(config: TransformerConfig) -> dict[str, str]:
@@ -652,6 +656,8 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, Tensor
     contiguous memory copies one tensor at a time.
     """
     state = read_state_dict(path)
+    # A --config of 10^9 layers over a file of 2: refused before its names are built.
+    check_layer_counts(path, config, state)
     problems = _state_dict_problems(config, state)
     if problems:
         raise WeightFileError(str(path), problems)

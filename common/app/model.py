@@ -20,6 +20,7 @@ import numpy as np
 
 from transformer_rosetta.adapter.backends import FRAMEWORKS, Model, get_backend
 from transformer_rosetta.app.parity import check_device_request, resolve_devices
+from transformer_rosetta.app.resources import check_fits, weights_bytes
 from transformer_rosetta.app.tasks import Task, get_task
 from transformer_rosetta.errors import InputError, InputTypeError, RosettaError
 from transformer_rosetta.files.safe_read import brief
@@ -487,6 +488,11 @@ def build_model(
             f"{', '.join(backend.dtypes)}"
         )
     chosen = resolve_device(framework, device, prefix=prefix)
+    # The position tables (rotary, sinusoidal: max_len rows) are built with the model and no
+    # tensor of the file bounds them: a header's max_len of 10^12 is refused here, not by the
+    # allocator's traceback.
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    check_fits(weights_bytes(config, itemsize), f"a {framework} model of this config")
     return backend.build(config, weights, dtype=dtype, device=chosen, precision=precision)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from transformer_rosetta.adapter.backends import NATIVE_BACKENDS, native_backend, tensor_reader
 from transformer_rosetta.errors import ConfigError, InputTypeError, RosettaError, WeightFileError
+from transformer_rosetta.files.memory import fits_problem
 from transformer_rosetta.files.outputs import check_free_space, check_output_file, publish, staged
 from transformer_rosetta.files.safe_read import brief, regular_file, shown
 from transformer_rosetta.porting.tokenizer import carried_note, source_tokenizer
@@ -44,7 +45,7 @@ from transformer_rosetta.spec.arguments import (
 )
 from transformer_rosetta.spec.config import TransformerConfig, is_inline_json, read_config_fields
 from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
-from transformer_rosetta.spec.names import canonical_shapes, parameter_count
+from transformer_rosetta.spec.names import canonical_shapes, parameter_count, position_buffer_count
 from transformer_rosetta.weights import shards
 from transformer_rosetta.weights.format import (
     FORMAT_NAME,
@@ -648,6 +649,13 @@ def convert(
         elif why_not:
             provenance.verify = {"not_run": why_not}
         verifying = not provenance.verify
+        if verifying:  # verification builds the models: their position tables need no tensor
+            built = 8 * (parameter_count(model_config) + position_buffer_count(model_config))
+            problem = fits_problem(built, "--verify's float64 model of this config")
+            if problem:
+                raise ConvertError(
+                    f"{problem} (max_len {model_config.max_len}); --no-verify skips it"
+                )
         if to_kind == "onnx":
             say(f"exporting the {_onnx_options(onnx)['graph']} graph with torch.onnx")
         # Written, verified and stamped beside DST, then moved into place last: until then DST is as

@@ -8,8 +8,11 @@ dense kernels are [in, out], attention kernels keep heads as their own axis.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from transformer_rosetta.files.safe_read import listing
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.results import attention_output_names
 
@@ -128,33 +131,117 @@ def canonical_specs(c: TransformerConfig) -> list[TensorSpec]:
 
     The halves drop what they lack: a decoder-only model every encoder.* tensor and the
     cross-attention of each decoder layer; an encoder-only one every decoder.* and output.*
-    tensor."""
+    tensor.
+
+    The list grows with the layer counts: a reader of an outside file compares those with the
+    file's keys first (layer_count_problems), and a lister that must not grow with them takes
+    iter_canonical_specs and tensor_count."""
+    return list(iter_canonical_specs(c))
+
+
+def iter_canonical_specs(c: TransformerConfig) -> Iterator[TensorSpec]:
+    """canonical_specs one at a time, so that a caller that shows the first few of a config
+    with 10^9 layers (rosetta inspect --config) costs what it shows, not what the config
+    claims."""
     d = c.d_model
     emb = embedding_names(c)
-    specs: list[TensorSpec] = []
     if emb["source"] is not None:
-        specs.append(TensorSpec(emb["source"], (c.src_vocab_size, d), "embedding"))
+        yield TensorSpec(emb["source"], (c.src_vocab_size, d), "embedding")
     if emb["target"] is not None and emb["target"] != emb["source"]:
-        specs.append(TensorSpec(emb["target"], (c.tgt_vocab_size, d), "embedding"))
+        yield TensorSpec(emb["target"], (c.tgt_vocab_size, d), "embedding")
     for stack in stack_names(c):
-        specs += embedding_specs(stack, c)
+        yield from embedding_specs(stack, c)
 
     for i in range(c.num_encoder_layers):
-        specs += layer_specs("encoder", i, c)
+        yield from layer_specs("encoder", i, c)
     if c.final_norm and c.has_encoder:
-        specs += norm_specs("encoder.final_norm", c)
+        yield from norm_specs("encoder.final_norm", c)
 
     for i in range(c.num_decoder_layers):
-        specs += layer_specs("decoder", i, c)
+        yield from layer_specs("decoder", i, c)
     if c.final_norm and c.has_decoder:
-        specs += norm_specs("decoder.final_norm", c)
+        yield from norm_specs("decoder.final_norm", c)
 
     if c.has_decoder and not c.tie_output:
         v = c.tgt_vocab_size
-        specs.append(TensorSpec("output.kernel", (d, v), "kernel", d, v))
+        yield TensorSpec("output.kernel", (d, v), "kernel", d, v)
     if c.output_bias:
-        specs.append(TensorSpec("output.bias", (c.tgt_vocab_size,), "bias"))
-    return specs
+        yield TensorSpec("output.bias", (c.tgt_vocab_size,), "bias")
+
+
+def _one_layer_shell(c: TransformerConfig) -> TransformerConfig:
+    """`c` with at most one layer a stack: every tensor outside the layers, and one layer's,
+    for the counts that multiply one layer by the layer count (every layer has the same
+    shapes). dataclasses.replace keeps a half a half (0 layers stay 0)."""
+    shell = dataclasses.replace(c, num_encoder_layers=min(c.num_encoder_layers, 1))
+    return dataclasses.replace(shell, num_decoder_layers=min(c.num_decoder_layers, 1))
+
+
+def tensor_count(c: TransformerConfig) -> int:
+    """len(canonical_specs(c)), counted from one layer a stack times the layer counts."""
+    total = len(canonical_specs(_one_layer_shell(c)))
+    for stack, n in (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers)):
+        if n:
+            total += (n - 1) * len(layer_specs(stack, 0, c))
+    return total
+
+
+# -- a config's layer counts against a file's keys ------------------------------------------------
+
+# The canonical names' stem of a stack's layers; a torch state_dict and a Flax checkpoint name
+# their layers the same way. Keras's .weights.h5 has its own (tf_impl/weights.py).
+CANONICAL_LAYER_STEMS = {"encoder": "encoder.layers.{i}", "decoder": "decoder.layers.{i}"}
+LAYER_COUNT_FIELDS = {"encoder": "num_encoder_layers", "decoder": "num_decoder_layers"}
+_INDEX = r"0|[1-9]\d{0,17}"  # a layer index as a name writes it: no leading zeros, int64
+
+
+def _stem_pattern(stem: str) -> re.Pattern[str]:
+    """A key of one layer of `stem`: "{i}" the index, or Keras's "{_i}" ("" for layer 0, "_k"
+    for layer k), followed by "." or "/" and the rest of the key."""
+    text = re.escape(stem)
+    text = text.replace(re.escape("{i}"), rf"(?P<i>{_INDEX})")
+    text = text.replace(re.escape("{_i}"), rf"(?:_(?P<i>{_INDEX}))?")
+    return re.compile(rf"{text}[./]")
+
+
+def held_layers(keys: Iterable[str], stem: str) -> list[int]:
+    """The distinct layer indices of `stem` among `keys`, sorted: the layers a file holds."""
+    pattern = _stem_pattern(stem)
+    return sorted({int(m["i"] or 0) for k in keys if (m := pattern.match(k))})
+
+
+def _holds(stem: str, held: list[int]) -> str:
+    """'2 layers (decoder.layers.{i} for i = 0 .. 1)': what a file holds, in a message."""
+    if not held:
+        return f"no layers ({stem})"
+    if held == list(range(len(held))):
+        which = f"{held[0]}" if len(held) == 1 else f"0 .. {held[-1]}"
+    else:
+        which = listing([str(i) for i in held])
+    return f"{len(held)} layer{'' if len(held) == 1 else 's'} ({stem} for i = {which})"
+
+
+def layer_count_problems(
+    c: TransformerConfig, keys: Iterable[str], stems: Mapping[str, str] | None = None
+) -> list[str]:
+    """'num_decoder_layers: 1000000000, but the file holds 2 layers (decoder.layers.{i} for
+    i = 0 .. 1)' for each stack whose layer count in `c` is not the layers the file's `keys`
+    hold (`stems`: how the file names a stack's layers, the canonical names by default).
+
+    Its work is one pass over the keys, never proportional to a count of `c`: a reader runs it
+    before anything that names every layer `c` claims (canonical_specs), so that a config that
+    says 10^9 layers over a file of 2 is refused in milliseconds (docs/RELIABILITY.md, "Counts
+    of an outside config")."""
+    keys = list(keys)
+    problems = []
+    for stack, stem in (stems or CANONICAL_LAYER_STEMS).items():
+        field = LAYER_COUNT_FIELDS[stack]
+        want = getattr(c, field)
+        held = held_layers(keys, stem)
+        # held is sorted and distinct: it is 0 .. want - 1 when its length and ends are.
+        if not (len(held) == want and (not held or (held[0] == 0 and held[-1] == want - 1))):
+            problems.append(f"{field}: {want}, but the file holds {_holds(stem, held)}")
+    return problems
 
 
 def canonical_shapes(c: TransformerConfig) -> dict[str, tuple[int, ...]]:
@@ -180,9 +267,8 @@ def parameter_count(c: TransformerConfig) -> int:
     refuse an impossible config (common/app/resources.py) must not themselves build a name per
     layer."""
     layers = (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers))
-    shell = dataclasses.replace(c, num_encoder_layers=min(c.num_encoder_layers, 1))
-    shell = dataclasses.replace(shell, num_decoder_layers=min(c.num_decoder_layers, 1))
-    total = _numbers(canonical_specs(shell))  # the embeddings, the final norms, the output
+    # the embeddings, the final norms, the output, and one layer of each stack
+    total = _numbers(canonical_specs(_one_layer_shell(c)))
     for stack, n in layers:
         if n:
             total += (n - 1) * _numbers(layer_specs(stack, 0, c))

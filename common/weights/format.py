@@ -19,7 +19,7 @@ import shutil
 import stat
 import struct
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from transformer_rosetta.spec.arguments import (
 )
 from transformer_rosetta.spec.config import TransformerConfig
 from transformer_rosetta.spec.dtypes import DTYPES, dtype_name
-from transformer_rosetta.spec.names import canonical_shapes
+from transformer_rosetta.spec.names import canonical_shapes, layer_count_problems
 from transformer_rosetta.weights import shards
 
 FORMAT_NAME = "transformer-rosetta"
@@ -136,6 +136,24 @@ def tensor_problems(
     problems += _capped(wrong, "tensors of the wrong shape")
     problems += dtype_problems(entries)
     return problems
+
+
+def check_layer_counts(
+    path: str | Path,
+    config: TransformerConfig,
+    keys: Iterable[str],
+    stems: Mapping[str, str] | None = None,
+) -> None:
+    """WeightFileError naming the layer counts of `config` that no file of these `keys` can
+    hold, before a reader names every layer `config` claims: a file of K tensors holds at most K
+    layers (each holds at least one), so a count above K is refused from the count alone
+    (spec/names.py, layer_count_problems; `stems`, how the file names its layers). A count within
+    K is left to the tensor-by-tensor comparison, which names each missing and unexpected tensor
+    and costs what the file does. The one guard of every native checkpoint reader (torch, Keras,
+    Flax), whose config the caller gives (`--config`)."""
+    keys = list(keys)
+    if max(config.num_encoder_layers, config.num_decoder_layers) > len(keys):
+        raise WeightFileError(shown(path), layer_count_problems(config, keys, stems))
 
 
 def dtype_problems(entries: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[str]:
@@ -464,10 +482,14 @@ def load_weights(path: str | Path, config: TransformerConfig | None = None) -> W
         name: (_DTYPE_NAMES.get(e["dtype"], e["dtype"]), tuple(e["shape"]))
         for name, e in header.items()
     }
-    if check_config is not None:
+    # The layer counts first, from the keys alone: tensor_problems names every tensor the config
+    # claims, and a header config of 10^9 layers over a file of 2 must not cost 10^9 layers of
+    # names. A count that contradicts the file is the one thing to say about its layers.
+    counted = [] if check_config is None else layer_count_problems(check_config, header)
+    if check_config is not None and not counted:
         problems += tensor_problems(check_config, entries)
     else:
-        problems += dtype_problems(entries)
+        problems += counted + dtype_problems(entries)
     if problems or check_config is None:
         raise WeightFileError(label, problems)
 

@@ -455,3 +455,48 @@ def test_the_llama_export_writes_no_pad_token(imported, tmp_path):
     back = tmp_path / "back.safetensors"
     assert main(["convert", str(folder), str(back), "--no-verify"]) == 0
     assert load_weights(back).config == wf.config
+
+
+def test_gpt2s_own_vocabulary_generates_transformers_tokens_through_id_50255(tmp_path):
+    """The issue's case at GPT-2's own vocabulary (50257, <|endoftext|> 50256): the old rule made
+    50255 the pad and masked it. A prompt holding it twice, converted by the CLI and generated
+    through the public API, gives transformers' greedy tokens. The weights are N(0, 1), so that
+    each float64 top-1 exceeds the top-2 by more than 4 * atol_for("float32") times the logits'
+    size, and float32 takes every decision alike (the module's greedy argument)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import transformer_rosetta as tr
+
+    config = GPT2Config(
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        vocab_size=50257,
+        n_positions=32,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        attn_implementation="eager",
+    )
+    torch.random.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 1.0)
+    model.save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "gpt2.safetensors"
+    assert main(["convert", str(tmp_path / "gpt2"), str(out), "--from", "gpt2"]) == 0
+    prompt = [50255, 7, 50255, 311]
+    with torch.no_grad():
+        want = model.generate(
+            torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=50256
+        )[0, len(prompt) :].tolist()
+        double = copy.deepcopy(model).double()
+        path = torch.tensor([prompt + want])
+        logits = double(path).logits[0, len(prompt) - 1 : -1]
+    top2 = torch.topk(torch.log_softmax(logits, -1), 2).values
+    # float32's error grows with the logits' size (docs/PARITY.md, "The verification bound").
+    scale = max(1.0, float(logits.abs().max()))
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 4 * atol_for("float32") * scale
+    loaded = tr.load(out, framework="torch")
+    assert loaded.config.pad_id == 50257
+    assert loaded.generate(prompt, max_new_tokens=8) == want

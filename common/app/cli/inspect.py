@@ -5,6 +5,7 @@ kinds")."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,12 @@ from transformer_rosetta.app.cli.args import EXIT_OK, UsageError, warn
 from transformer_rosetta.files.outputs import shown
 from transformer_rosetta.porting.verify import difference_text
 from transformer_rosetta.spec.config import PRESETS, TransformerConfig, preset
-from transformer_rosetta.spec.names import canonical_specs, embedding_names, parameter_count
+from transformer_rosetta.spec.names import (
+    embedding_names,
+    iter_canonical_specs,
+    parameter_count,
+    tensor_count,
+)
 from transformer_rosetta.weights.format import (
     META_PROVENANCE,
     META_TOKENIZER,
@@ -21,6 +27,11 @@ from transformer_rosetta.weights.format import (
     load_weights,
     nonfinite_counts,
 )
+
+# The most tensors `rosetta inspect --config` lists (a config's layer count is not bounded by
+# a file): 100 times a 12-layer base model's, 14 times an 80-layer Llama's. The report's
+# tensor_count counts them all.
+LISTED_TENSORS = 10_000
 
 
 def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,9 +55,11 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
     else:
         config, source = asked_config(args)
         producer = None
+        # A config is not a file: it may claim 10^9 layers. The first LISTED_TENSORS are listed
+        # (every real model's fit), the rest counted, so that the report costs what it shows.
         tensors = [
             {"name": s.name, "shape": list(s.shape), "dtype": args.dtype}
-            for s in canonical_specs(config)
+            for s in itertools.islice(iter_canonical_specs(config), LISTED_TENSORS)
         ]
         nonfinite = {}
     emb = embedding_names(config)
@@ -61,7 +74,7 @@ def inspect_report(args: argparse.Namespace) -> dict[str, Any]:
         "model": model_summary(config),
         "config": config.to_dict(),
         "tensors": tensors,
-        "tensor_count": len(tensors),
+        "tensor_count": tensor_count(config),
         "parameters": parameter_count(config),
         "tied": tied,
         "nonfinite": nonfinite,
@@ -261,6 +274,11 @@ def print_inspect(report: dict[str, Any]) -> None:
         print_onnx(report["onnx"])
     else:
         print_rows("tensor", report["tensors"])
+        unlisted = report["tensor_count"] - len(report["tensors"])
+        if unlisted > 0:
+            print(
+                f"... and {unlisted:,} more tensors, not listed (the first {LISTED_TENSORS:,} are)"
+            )
     params = report["parameters"]
     print(f"parameters: {params:,} ({params / 1e6:.1f}M) in {report['tensor_count']} tensors")
     if report["tied"]:
