@@ -331,6 +331,8 @@ def read_native(path: str | Path, config: TransformerConfig) -> dict[str, np.nda
     # which refuses a dataset stored outside the file before any is read.
     with hdf5_datasets(path, "Keras .weights.h5") as datasets:
         # A --config of 10^9 layers over a file of 2: refused before its layout is built.
+        # idiom: Keras names each layer itself (encoder_layer, encoder_layer_1, ...), so the
+        # stems are read off a two-layer skeleton; torch and Flax use the canonical stems.
         check_layer_counts(path, config, datasets, _layer_stems(config))
         layout = native_layout(config)
         stored = {p: (stored_dtype(ds), tuple(ds.shape)) for p, ds in datasets.items()}

@@ -348,7 +348,8 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         with warnings.catch_warnings():
             # Plain pickles (protocol 4, not torch.save's 2) make torch warn; the load is the same.
             warnings.simplefilter("ignore", UserWarning)
-            # torch's zip reader takes the name as UTF-8: a name that is not (the C locale's
+            # idiom: torch's zip reader takes the name as UTF-8 (h5py and safetensors, Keras's and
+            # Flax's readers, encode it as the OS does): a name that is not (the C locale's
             # non-ASCII names) goes by the open file's (files/os_names.py).
             with library_path(path) as name:
                 obj = torch.load(name, map_location="cpu", weights_only=True, mmap=mapped)
