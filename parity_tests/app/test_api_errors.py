@@ -486,3 +486,89 @@ def test_the_documented_inline_configs_work(capsys, tmp_path, hf_folders):
         "num_heads: --config says 2, but config.json's num_attention_heads says 4",
     )
     assert sorted(os.listdir(tmp_path)) == ["api.safetensors", "gpt2.safetensors"]
+
+
+# -- build_model's memory check counts the dtype asked for --------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "itemsize"), [("float32", 4), ("float64", 8), ("bfloat16", 2)])
+def test_the_memory_check_counts_the_dtype_it_builds_in(dtype, itemsize):
+    """A rotary model's max_len of 10^12 that no tensor bounds: the cosine and sine tables a
+    framework builds hold max_len x d_k numbers (d_k / 2 each), 10^12 x 8 here, at the itemsize
+    of the requested dtype: about 29,802.3 GiB in float32, twice that in float64, half in
+    bfloat16 (the weights, ~10^4 numbers, do not move the first decimal). Refused in one line
+    before a model is built, by the figure of the dtype it would have built in."""
+    from parity_tests.conftest import backend_or_skip
+    from transformer_rosetta.app.model import build_model
+    from transformer_rosetta.files.memory import ResourceError
+
+    backend_or_skip("torch")
+    small = tr.preset("tiny_llama")
+    config = small.replace(max_len=10**12)
+    d_k = small.d_model // small.num_heads
+    gib = 10**12 * d_k * itemsize / 2**30
+    with pytest.raises(ResourceError) as refused:
+        build_model("torch", config, tr.init_weights(small, seed=0), dtype=dtype, device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"a torch model of this config needs about {gib:,.1f} GiB"), message
+
+
+# -- the one check of how to decode, below the model's own checks ---------------------------------
+
+# (id, generate_ids' options, the argument named). RosettaModel.generate and the command line
+# check beam, sample and the sampling options themselves first; generate_ids reaches
+# check_decoding_options alone, so every refusal here is that check's.
+DECODING = [
+    ("greedy beam 0", {"strategy": "greedy", "beam": 0}, "beam"),
+    ("beam beam 0", {"strategy": "beam", "beam": 0}, "beam"),
+    ("beam stop_at_eos False", {"strategy": "beam", "beam": 2, "stop_at_eos": False}, "stop_at_eos"),
+    ("greedy stop_at_eos str", {"stop_at_eos": "no"}, "stop_at_eos"),
+    ("greedy cached int", {"cached": 1}, "cached"),
+    ("sample seed -1", {"strategy": "sample", "seed": -1}, "seed"),
+    ("strategy unknown", {"strategy": "topk"}, "strategy"),
+    ("max_new_tokens 0", {"max_new_tokens": 0}, "max_new_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"), [pytest.param(o, a, id=name) for name, o, a in DECODING]
+)
+def test_generate_ids_refuses_what_check_decoding_options_refuses(models, options, argument):
+    """common/app/generation.py, check_decoding_options: every argument is checked whatever the
+    strategy (a beam of 0 under greedy too), in one line naming it."""
+    from transformer_rosetta.app.generation import generate_ids
+
+    with pytest.raises(tr.InputError) as caught:
+        generate_ids(models.dec.built, [IDS], **{"max_new_tokens": 2, **options})
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{argument}:"), message
+    if argument == "beam":
+        assert message == "beam: must be an integer >= 1, got 0"
+
+
+def test_greedy_and_sampling_may_run_past_eos(models):
+    """stop_at_eos=False is refused for beam search only: greedy and sampling decode exactly
+    max_new_tokens (3) new tokens with it."""
+    from transformer_rosetta.app.generation import generate_ids
+
+    for strategy in ("greedy", "sample"):
+        (new,) = generate_ids(
+            models.dec.built, [IDS], max_new_tokens=3, strategy=strategy, stop_at_eos=False
+        )
+        assert len(new) == 3, strategy
+
+
+def test_inline_json_is_told_by_its_first_character(tmp_path, monkeypatch):
+    """config.py, is_inline_json: a value is the JSON itself when it starts with `{` (after
+    blanks), and a file's name otherwise, whatever it ends with: the JSON with a trailing
+    newline is still JSON; files named `c}` and `./{c}.json` (the docstring's way to name a
+    file that starts with a brace) are read as files."""
+    want = tr.TransformerConfig.from_file(json.dumps(TINY))
+    assert want.d_model == TINY["d_model"]
+    assert tr.TransformerConfig.from_file(json.dumps(TINY) + "\n") == want
+    monkeypatch.chdir(tmp_path)
+    for name in ("c}", "{c}.json"):
+        (tmp_path / name).write_text(json.dumps(TINY))
+    assert tr.TransformerConfig.from_file("c}") == want
+    assert tr.TransformerConfig.from_file("./{c}.json") == want

@@ -211,6 +211,63 @@ def test_float64_logits_equal_transformers(meta, backend_name):
         assert diff <= F64_BOUND, f"{backend_name}, {name}: {diff:.3g}"
 
 
+# Llama 1 and 2's params.json as Meta ships them (7B: {"dim": 4096, "multiple_of": 256, "n_heads":
+# 32, "n_layers": 32, "norm_eps": 1e-05, "vocab_size": -1}), at the fixture's size: no rope_theta,
+# no n_kv_heads, no ffn_dim_multiplier, the vocabulary left to the tokenizer.
+LLAMA2_PARAMS = {
+    "dim": 32,
+    "multiple_of": 16,
+    "n_heads": 4,
+    "n_layers": 2,
+    "norm_eps": 1e-05,
+    "vocab_size": -1,
+}
+# What a params.json without rope_theta means: Llama 2's model.py calls precompute_freqs_cis with
+# its default theta=10000.0, and Hugging Face's converter reads params.get("rope_theta", 10000.0).
+META_DEFAULT_THETA = 10000.0
+
+
+def test_a_params_json_without_rope_theta_imports_with_theta_10000(tmp_path):
+    """Llama 1 and 2's params.json states no rope_theta, n_kv_heads or ffn_dim_multiplier: the
+    import takes Meta's defaults (rope_theta 10000.0, n_heads key/value heads, d_ff by
+    meta_d_ff(32, 16, None) = 96, the vocabulary from tok_embeddings), and its float64 logits
+    equal those of the transformers model with rope_theta 10000.0 that the checkpoint was made
+    from (F64_BOUND) in the oracle and in torch. Llama 3's theta, 500000, moves them by O(1)
+    (measured 1.1; asserted > 0.1)."""
+    model = hf_model(
+        "llama",
+        intermediate_size=meta_d_ff(32, 16, None),
+        num_key_value_heads=4,
+        attention_bias=False,
+        mlp_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": META_DEFAULT_THETA},
+    )
+    assert model.config.intermediate_size == 96
+    folder = write_meta(tmp_path / "llama2", [meta_state(model)], LLAMA2_PARAMS)
+    out = tmp_path / "llama2.safetensors"
+    assert convert(folder, out, "--no-verify") == 0
+    wf = load_weights(out)
+    c = wf.config
+    assert c.rope_theta == META_DEFAULT_THETA and isinstance(c.rope_theta, float)
+    assert (c.num_kv_heads, c.d_ff, c.tgt_vocab_size, c.rotary_layout) == (
+        None,
+        96,
+        61,
+        "half_split",
+    )
+    double = copy.deepcopy(model).double()
+    for backend_name in ("numpy", "torch"):
+        ours = backend_or_skip(backend_name).build(c, wf.tensors, dtype="float64")
+        for name, tokens in batches(c).items():
+            want = reference(double, tokens, c.pad_id)
+            diff = gap(ours.forward(None, tokens).logits, want)
+            assert diff <= F64_BOUND, f"{backend_name}, {name}: {diff:.3g}"
+    # The theta matters at these positions: Llama 3's 500000 gives other logits.
+    tokens = batches(c)["full"]
+    other = oracle_forward(wf.tensors, c.replace(rope_theta=500000.0), None, tokens).logits
+    assert gap(other, reference(double, tokens, c.pad_id)) > 0.1
+
+
 # -- the permutation ------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from transformer_rosetta.adapter.backends import get_backend
 from transformer_rosetta.app.generation import generate_ids
 from transformer_rosetta.cli import main
 from transformer_rosetta.decoding.sampling import sample_search
-from transformer_rosetta.decoding.search import beam_search, prompt_prefix
+from transformer_rosetta.decoding.search import beam_search, greedy_search, prompt_prefix
 from transformer_rosetta.errors import ConfigError, InputError
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.oracle.training import oracle_loss
@@ -262,6 +262,41 @@ def test_a_prompt_cannot_hold_the_virtual_pad(imported, capsys):
     args = ("--ids", "5,97", "--max-new-tokens", 2)
     code, _, err = run_cli(capsys, "generate", "--weights", path, *args)
     assert code == 2 and err.count("\n") == 1 and "97" in err, err
+
+
+class RecordingStepper:
+    """A stepper whose row 0 picks EOS at its first step and whose row 1 picks `other` at every
+    step, recording each step's fed tokens: what a search feeds a row that is done."""
+
+    def __init__(self, c, other: int) -> None:
+        self.c, self.other, self.fed = c, other, []
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.fed.append(np.asarray(tokens).tolist())
+        logits = np.zeros((2, self.c.tgt_vocab_size))
+        logits[0, self.c.eos_id] = logits[1, self.other] = 10.0
+        return logits
+
+    def reorder(self, rows: np.ndarray) -> None:
+        pass
+
+
+@pytest.mark.parametrize("no_pad", [True, False], ids=["virtual pad", "a real pad"])
+def test_a_finished_row_is_fed_eos_when_the_model_has_no_pad(no_pad):
+    """common/decoding/search.py, filler_id: a row done while another goes on is fed the pad id,
+    which the cache masks; a model without a pad (whose pad_id names no token, and which a
+    stepper refuses) is fed its EOS instead, as transformers' generate feeds pad_token_id =
+    eos_token_id when the model has no pad. Greedy over a two-row batch whose first row ends at
+    once: the tokens fed to it from the second step on."""
+    base = preset("tiny_decoder_only")
+    c = base.replace(pad_id=base.tgt_vocab_size) if no_pad else base
+    assert c.virtual_pad == no_pad
+    stepper = RecordingStepper(c, other=9)
+    got = greedy_search(lambda _p, _b, _s: stepper, c, np.array([[5, 6], [7, 8]]), extra_len=3)
+    assert [t.tolist() for t in got.tokens] == [[], [9, 9, 9]]
+    want = c.eos_id if no_pad else c.pad_id  # 2 (EOS), or 0 (the preset's pad)
+    assert (want, c.pad_id) == ((2, 48) if no_pad else (0, 0))
+    assert stepper.fed == [[6, 8], [want, 9], [want, 9]]
 
 
 # -- a ragged batch ---------------------------------------------------------------------------

@@ -402,6 +402,91 @@ def test_logits_nan_at_one_token_fail(capsys, tmp_path, monkeypatch):
     assert gap == math.inf and bound == 1e-10  # float64 on both sides: the float64 tier
 
 
+# -- the formula itself, by hand ----------------------------------------------------------------
+
+
+# preset("tiny"): d_model 16, 2 heads of d_k 8, d_ff 32, 2 + 2 layers, not gated; 6 attentions
+# (2 encoder, 2 + 2 decoder). At probe length 9 and every score range taken as 1: an attention
+# 2 * 16 + 9 + 2 * 8 = 57, the scores 8 * 6 = 48, a feed-forward 16 + 16 + 32 = 64, the output
+# 16 + 16: N = 6 * 57 + 48 + 4 * 64 + 32 = 678. Ranges [3, 0.5] for the first two attentions:
+# scores 8 * (9 + 1 + 4) = 112, N = 742. At length 5: N = 678 - 6 * 4 = 654.
+# The decoder-only preset (2 attentions, 2 layers), length 5: 2 * (32 + 5 + 16) + 8 * 2 + 2 * 64
+# + 32 = 282; the encoder-only one (no logits' projection): 282 - 16 = 266. The tiny preset with
+# a gated feed-forward: 4 * 16 more, N = 742 at length 9.
+@pytest.mark.parametrize(
+    ("name", "change", "length", "scores", "want"),
+    [
+        ("tiny", {}, 9, (), 678),
+        ("tiny", {}, 9, (3.0, 0.5), 742),
+        ("tiny", {}, 5, (), 654),
+        ("tiny", {"gated_feed_forward": True}, 9, (), 742),
+        ("tiny_decoder_only", {}, 5, (), 282),
+        ("tiny_encoder_only", {}, 5, (), 266),
+    ],
+)
+def test_rounding_widths_by_hand(name, change, length, scores, want):
+    from transformer_rosetta.porting.verify import rounding_widths
+    from transformer_rosetta.spec.config import preset
+
+    assert rounding_widths(preset(name).replace(**change), length, scores) == want
+
+
+def test_the_bound_by_hand():
+    """The documented formula, worked by hand on the tiny preset (N = 678 at length 9):
+    2 * sqrt(u_1^2 + u_2^2) * Z * sqrt(678), u = 2^-24 and 2^-53: 3.104e-6 * Z; floored at the
+    less precise side's tier and rounded up to one digit."""
+    from transformer_rosetta.porting.verify import verification_bound
+    from transformer_rosetta.spec.config import preset
+
+    tiny = preset("tiny")
+    f32 = ("float32", "float64")
+    assert verification_bound(tiny, 1.0, f32, 9) == 1e-5  # 3.1e-6 under the tier
+    assert verification_bound(tiny, 3.0, f32, 9) == 1e-5  # 9.3e-6, still under it
+    assert verification_bound(tiny, 4.0, f32, 9) == 2e-5  # 1.24e-5, one digit up
+    assert verification_bound(tiny, 10.0, f32, 9) == 4e-5  # 3.104e-5
+    assert verification_bound(tiny, 100.0, f32, 9) == 4e-4
+    assert verification_bound(tiny, 100.0, f32[::-1], 9) == 4e-4  # either side first
+    # Score ranges widen N: at Z = 96, 2.980e-4 with none known, 3.117e-4 with [3, 0.5] (N 742);
+    # one range of 40 gives the scores 8 * (1600 + 5), N = 13470: 1.384e-4 at Z = 10.
+    assert verification_bound(tiny, 96.0, f32, 9) == 3e-4
+    assert verification_bound(tiny, 96.0, f32, 9, (3.0, 0.5)) == 4e-4
+    assert verification_bound(tiny, 10.0, f32, 9, (40.0,)) == 2e-4
+    # The probes' length too: at Z = 98, 3.042e-4 at length 9, 2.988e-4 at 5 (N 654).
+    assert verification_bound(tiny, 98.0, f32, 9) == 4e-4
+    assert verification_bound(tiny, 98.0, f32, 5) == 3e-4
+    # float64 on both sides: u = 2^-53 each, 8.176e-15 * Z, floored at 1e-10.
+    assert verification_bound(tiny, 1e4, ("float64", "float64"), 9) == 1e-10
+    assert verification_bound(tiny, 1e5, ("float64", "float64"), 9) == 9e-10
+    # bfloat16: the tier 2^-3 = 0.125, u = 2^-8: 0.2034 * Z.
+    assert verification_bound(tiny, 0.5, ("bfloat16", "float64"), 9) == 0.125
+    assert verification_bound(tiny, 1.0, ("float64", "bfloat16"), 9) == 0.3
+    # Past the tiny sizes the float32 tier is 2e-5 (d_model 128, N larger, but Z small).
+    large = tiny.replace(d_model=128, num_heads=2)
+    assert verification_bound(large, 0.1, f32, 9) == 2e-5
+    with pytest.raises(ValueError, match="is set for dtype 'float16'"):
+        verification_bound(tiny, 1.0, ("float16", "float64"), 9)
+
+
+def test_the_record_counts_each_attentions_widest_score_range():
+    """verify() on a stored float64 vector against itself (the oracle on both sides): each
+    attention's range is its widest over the two probes, taken attention by attention (6 here,
+    ranges 3 to 9), not probe by probe. pre_ln_untied: d_model 12, 3 heads of d_k 4, d_ff 20,
+    2 + 2 layers, probes of at most 9 tokens: an attention 24 + 9 + 12 = 45, a feed-forward
+    12 + 12 + 20 = 44, the output 24: N = 6 * 45 + 4 * 44 + 24 = 470 and the scores."""
+    from transformer_rosetta.porting.verify import verify
+
+    path = VECTORS / "pre_ln_untied.safetensors"
+    config = load_weights(path).config
+    scale, ranges = oracle_run(path)
+    assert len(ranges) == 6 and min(ranges) > 1  # each range counts, squared
+    record = verify(config, ("rosetta", path), ("rosetta", path))
+    assert record["rounding_widths"] == widths(470, 4, ranges)
+    assert record["score_range"] == pytest.approx(max(ranges), rel=1e-12)
+    assert record["scale"] == pytest.approx(scale, rel=1e-12)
+    assert record["max_abs_logit_diff"] == 0.0  # the same arithmetic on both sides
+    assert record["passed"] and record["bound"] == 1e-10  # float64's tier
+
+
 # -- transformers' own output ---------------------------------------------------------------------
 
 

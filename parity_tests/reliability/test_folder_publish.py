@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import stat
 import subprocess
 import sys
 import time
@@ -405,3 +407,113 @@ def test_a_non_ascii_destination_in_the_c_locale_is_written_and_verified(
     assert os.fsencode(name) in os.listdir(os.fsencode(tmp_path))
     # A Llama folder's import reads its own config (its pad token, say): the tensors are compared.
     assert same_tensors(tmp_path / "back.safetensors", source, config="llama" not in name)
+
+
+# -- the steps themselves (files/outputs.py, files/os_names.py), in this process ------------------
+
+
+def test_signals_are_held_inside_and_handled_after(tmp_path):
+    """signals_held: SIGTERM, then Ctrl-C, sent inside the block run nothing there; once it
+    ends, each goes to the handler it was meant for (SIGTERM's own, Python's KeyboardInterrupt
+    for Ctrl-C). One at a time: of two held together, the first one handled ends the block."""
+    seen: list[object] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: seen.append(signum))
+    try:
+        with outputs.signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # a signal not held has run its handler by now
+            seen.append("the block ran to its end")
+        assert seen == ["the block ran to its end", signal.SIGTERM]
+        with pytest.raises(KeyboardInterrupt):
+            with outputs.signals_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                seen.append("and again")
+        assert seen[2:] == ["and again"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # nothing left blocked
+
+
+def test_a_new_folder_is_never_renamed_over_one_that_appeared(tmp_path, monkeypatch):
+    """_rename_new_folder onto a folder that appeared meanwhile, empty (the one a plain rename
+    would replace without a word): OutputError, the folder there kept, the stage where it was;
+    by renameat2's RENAME_NOREPLACE, and where the OS lacks it (the look first)."""
+    for lacking in (False, True):
+        stage, dst = tmp_path / f"stage{lacking}", tmp_path / f"dst{lacking}"
+        stage.mkdir()
+        (stage / "model.safetensors").write_bytes(b"ours")
+        dst.mkdir()
+        if lacking:
+            monkeypatch.setattr(outputs, "_renameat2", lambda *args: False)
+        with pytest.raises(outputs.OutputError, match="appeared while this command worked"):
+            outputs._rename_new_folder(stage, dst)
+        assert os.listdir(dst) == [] and os.listdir(stage) == ["model.safetensors"]
+        other = tmp_path / f"new{lacking}"
+        outputs._rename_new_folder(stage, other)  # nothing there: renamed
+        assert not stage.exists() and os.listdir(other) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("lacking", [False, True], ids=["renameat2", "two renames"])
+def test_the_exchange_swaps_the_two_folders(tmp_path, monkeypatch, lacking):
+    if lacking:
+        monkeypatch.setattr(outputs, "_renameat2", lambda *args: False)
+    stage, dst = tmp_path / "stage", tmp_path / "dst"
+    stage.mkdir()
+    dst.mkdir()
+    (stage / "new").write_bytes(b"new")
+    (dst / "old").write_bytes(b"old")
+    outputs._exchange(stage, dst)
+    assert contents(dst) == {"new": b"new"} and contents(stage) == {"old": b"old"}
+    assert sorted(os.listdir(tmp_path)) == ["dst", "stage"]
+
+
+def test_a_replaced_folder_keeps_its_permissions_and_its_other_files(tmp_path):
+    """publish over an existing folder (mode 0o750, a README and a stale shard that `drops`
+    names): the new folder has the old one's mode and README (the same file, linked), and
+    neither the stale shard nor the old model."""
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    for name, data in {"README.md": README, "model.safetensors": b"old", "stale": b"x"}.items():
+        (dst / name).write_bytes(data)
+    readme = (dst / "README.md").stat().st_ino
+    os.chmod(dst, 0o750)
+    with outputs.staged(dst) as stage:
+        stage.mkdir()
+        (stage / "model.safetensors").write_bytes(b"new")
+        outputs.publish(stage, dst, drops=lambda _path: ["stale"])
+    assert contents(dst) == {"README.md": README, "model.safetensors": b"new"}
+    assert (dst / "README.md").stat().st_ino == readme
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o750
+    assert leftovers(tmp_path) == []
+
+
+def test_a_library_gets_a_name_it_can_encode_for_the_same_file(tmp_path):
+    """library_path: a UTF-8 name goes as it is; a name of bytes that are not UTF-8 (held
+    surrogate-escaped) goes as /proc/self/fd/N, an open descriptor of the same file (or folder:
+    its files are found under it), closed when the block ends; a name that cannot be opened goes
+    as it is, for the library to report as missing."""
+    from transformer_rosetta.files.os_names import is_utf8, library_path
+
+    plain = tmp_path / "é.bin"
+    plain.write_bytes(b"plain")
+    raw = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9")  # Latin-1's e-acute: not UTF-8
+    assert is_utf8(plain) and not is_utf8(raw)
+    with library_path(plain) as name:
+        assert name == str(plain)
+    Path(raw).write_bytes(b"latin-1")
+    with library_path(raw) as name:
+        assert name.startswith("/proc/self/fd/") and is_utf8(name)
+        assert Path(name).read_bytes() == b"latin-1"
+        fd = int(name.rsplit("/", 1)[1])
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    folder = os.fsdecode(os.fsencode(tmp_path) + b"/dossier\xe9")
+    os.mkdir(folder)
+    Path(folder, "config.json").write_text("{}")
+    with library_path(Path(folder)) as name:
+        assert Path(name, "config.json").read_text() == "{}"
+    missing = os.fsdecode(os.fsencode(tmp_path) + b"/absent\xe9")
+    with library_path(missing) as name:
+        assert name == missing

@@ -109,3 +109,45 @@ def test_the_roberta_hint_is_not_offered_to_other_encoders(tmp_path):
     (problem,) = BERT.model_type_problems({"model_type": "roberta"})
     assert "pad_token_id + 1" in problem
     assert hf_folder.HfModel is type(BERT)
+
+
+# model_type -> the importer a folder of it is read by, as docs/PORTING.md lists them (the
+# Llama family's three through the one importer); written out, not read from READ_MODEL_TYPES.
+INFERRED = {
+    "marian": "marian",
+    "bert": "bert",
+    "gpt2": "gpt2",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+}
+
+
+@pytest.mark.parametrize(("model_type", "kind"), list(INFERRED.items()))
+def test_a_read_model_type_is_inferred_as_its_importer(tmp_path, model_type, kind):
+    """A folder of transformers' own config.json, without --from: the importer of its model_type
+    (the table's entry for this model type, not another's)."""
+    from transformer_rosetta.porting.convert import infer_source_kind
+
+    assert set(INFERRED) == set(READ_MODEL_TYPES)
+    assert infer_source_kind(_folder(tmp_path, model_type)) == kind
+
+
+def test_a_folder_without_config_json_is_ours_or_metas(tmp_path):
+    """No config.json: a folder of the shared format's shards is ours ("rosetta"), one holding
+    params.json is Meta's layout ("meta-llama"); the shards' folder is not mistaken for Meta's
+    when it holds a params.json too."""
+    import transformer_rosetta as tr
+    from transformer_rosetta.porting.convert import infer_source_kind
+
+    config = tr.preset("tiny_decoder_only")
+    shards = tmp_path / "shards"
+    tr.save_weights(shards, tr.init_weights(config, seed=0), config, "test", max_shard_size=4096)
+    assert not (shards / "config.json").exists()
+    assert infer_source_kind(shards) == "rosetta"
+    (shards / "params.json").write_text("{}")
+    assert infer_source_kind(shards) == "rosetta"
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    (meta / "params.json").write_text("{}")
+    assert infer_source_kind(meta) == "meta-llama"

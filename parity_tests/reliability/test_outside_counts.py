@@ -392,12 +392,49 @@ def test_a_count_the_file_cannot_hold_is_refused_naming_its_key(fixtures, tmp_pa
     src, options = prepared(fixtures, kind, changes, tmp_path)
     dst = tmp_path / "out.safetensors"
     value = str(next(iter(changes.values())))
+    capsys.readouterr()  # save_pretrained's progress bar, shown unless an earlier test hid it
     start = time.monotonic()
     code, _, err = run(capsys, "convert", src, dst, *options)
     assert time.monotonic() - start < API_SECONDS, err
     one_line_error(code, err, value, *needles)
     assert not dst.exists()
     api_refuses(src, dst, options, value, *needles)
+
+
+def gapped_llama(tmp_path: Path, layers: int) -> Path:
+    """A 3-layer Llama saved with save_pretrained, layer 1's tensors then left out of its
+    model.safetensors (layers 0 and 2 held), its config.json saying `layers`."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "gapped"
+    _llama_family(
+        transformers.LlamaConfig, transformers.LlamaForCausalLM, num_hidden_layers=3
+    ).save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    state = {
+        k: v for k, v in load_file(str(weights)).items() if not k.startswith("model.layers.1.")
+    }
+    save_file(state, str(weights), metadata={"format": "pt"})
+    config = folder / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": layers}))
+    return folder
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_a_folder_whose_layers_have_a_gap_is_refused_by_the_count(tmp_path, capsys, layers):
+    """Layers 0 and 2 are neither 2 layers (the last index is not 1) nor 3 (two are held): each
+    count is refused naming config.json's key and the indices the file holds, before any
+    tensor is read (table.py, count_problems)."""
+    src = gapped_llama(tmp_path, layers)
+    options = ["--from", "llama", "--no-verify"]
+    dst = tmp_path / "out.safetensors"
+    held = "but the file holds 2 layers (model.layers.{i} for i = 0, 2)"
+    needles = (f"Llama num_hidden_layers): {layers}, {held}",)
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = run(capsys, "convert", src, dst, *options)
+    one_line_error(code, err, *needles)
+    assert not dst.exists()
+    api_refuses(src, dst, options, *needles)
 
 
 def test_the_unchanged_fixtures_still_import(fixtures, tmp_path):

@@ -149,6 +149,36 @@ def test_a_layer_count_off_by_one_is_refused_naming_the_field(tmp_path, capsys, 
     api_refuses(path, *needles)
 
 
+def gapped_file(tmp_path: Path, header_layers: int) -> Path:
+    """A decoder-only file of layers 0 and 2 (layer 1's tensors left out of a 3-layer model's),
+    its header config saying `header_layers`."""
+    config = DECODER.replace(num_decoder_layers=3)
+    weights = {
+        k: v
+        for k, v in init_weights(config, seed=0).items()
+        if not k.startswith("decoder.layers.1.")
+    }
+    header = json.dumps({**config.to_dict(), "num_decoder_layers": header_layers})
+    path = tmp_path / "gapped.safetensors"
+    metadata = {"format": fmt.FORMAT_NAME, "format_version": "1", "config": header}
+    safetensors.numpy.save_file(weights, str(path), metadata=metadata)
+    return path
+
+
+# Two indices are held, 0 and 2: neither 2 layers (its last index is not 1) nor 3 (only two are
+# held). Each is refused by the count, naming the indices the file holds.
+GAPPED_HOLDS = "2 layers (decoder.layers.{i} for i = 0, 2)"
+
+
+@pytest.mark.parametrize("header_layers", [2, 3])
+def test_a_file_whose_layers_have_a_gap_is_refused_by_the_count(tmp_path, capsys, header_layers):
+    path = gapped_file(tmp_path, header_layers)
+    needles = (f"num_decoder_layers: {header_layers}, but the file holds {GAPPED_HOLDS}",)
+    code, _, err = run(capsys, "inspect", path)
+    one_line_error(code, err, *needles)
+    api_refuses(path, *needles)
+
+
 def test_the_unchanged_files_still_load(tmp_path):
     """The check refuses what a file cannot hold, not the model it holds."""
     for config, sharded in ((TINY, False), (DECODER, True)):
@@ -191,6 +221,31 @@ def test_a_native_checkpoint_with_a_huge_config_is_refused_within_the_timeout(tm
     dst = tmp_path / "out.safetensors"
     proc = fresh_process("convert", path, dst, "--from", from_kind, "--config", config)
     one_line_error(proc.returncode, proc.stderr, f"num_decoder_layers: {B}", NATIVE_HOLDS[name])
+    assert not dst.exists()
+
+
+@pytest.mark.parametrize(
+    "field", ["num_encoder_layers", "num_decoder_layers"], ids=["encoder", "decoder"]
+)
+def test_check_layer_counts_refuses_a_count_of_either_stack_above_the_keys(field):
+    """weights/format.py, check_layer_counts, on TINY's canonical keys (2 layers a stack): 10^9
+    layers in either stack is more than the file's keys can hold, refused naming that stack's
+    count and the layers held; 2 layers is left to the tensor-by-tensor comparison."""
+    keys = list(init_weights(TINY, seed=0))
+    holds = HOLDS if field == "num_decoder_layers" else ENCODER_HOLDS
+    with pytest.raises(WeightFileError) as err:
+        fmt.check_layer_counts("model.pt", TINY.replace(**{field: B}), keys)
+    assert f"{field}: {B}, but the file holds {holds}" in str(err.value)
+    fmt.check_layer_counts("model.pt", TINY, keys)  # no error
+
+
+def test_a_native_checkpoint_with_a_huge_encoder_count_is_refused_within_the_timeout(tmp_path):
+    """The encoder's count too, through torch's reader, in a fresh process under a timeout."""
+    path, config, from_kind = native_file(tmp_path, "torch", 2)
+    config.write_text(json.dumps({**TINY.to_dict(), "num_encoder_layers": B}))
+    dst = tmp_path / "out.safetensors"
+    proc = fresh_process("convert", path, dst, "--from", from_kind, "--config", config)
+    one_line_error(proc.returncode, proc.stderr, f"num_encoder_layers: {B}", ENCODER_HOLDS)
     assert not dst.exists()
 
 

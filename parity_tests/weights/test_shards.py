@@ -393,6 +393,55 @@ def test_bad_sizes_are_one_line(text, problem):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        # exact arithmetic: a float holds neither 2**63 + 1 nor 10**20 - 1
+        ("9223372036854775809", 2**63 + 1),
+        ("99999999999999999999", 10**20 - 1),  # 20 digits, the most a size may have
+        ("1.000000001GB", 10**9 + 1),
+        ("0.001KB", 1),  # the least a shard may hold
+        (".5KB", 500),
+        ("1.", 1),
+        ("0.5KiB", 512),
+        ("1.25KiB", 1280),
+        ("2MiB", 2 * 2**20),
+        ("1gib", 2**30),
+        ("1TiB", 2**40),
+        ("3TB", 3 * 10**12),
+        ("1 B", 1),
+    ],
+)
+def test_sizes_are_read_exactly(text, size):
+    got = shards.parse_size(text)
+    assert got == size and type(got) is int
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        # 1e9 + 0.1 bytes: a float would round it to 1e9 and take it
+        ("1.0000000000000000001GB", "'1.0000000000000000001GB' is not a whole number of bytes"),
+        ("1.1KiB", "'1.1KiB' is not a whole number of bytes"),  # 1126.4
+        ("0.0015KB", "'0.0015KB' is not a whole number of bytes"),  # 1.5
+        ("1.5", "'1.5' is not a whole number of bytes"),
+        ("0.5", "'0.5': a shard holds at least 1 byte"),
+        ("100000000000000000000", "'100000000000000000000': more than 20 digits is not a size"),
+        ("2.5e3", "'2.5e3' is not a size"),  # no exponents
+        ("1 2", "'1 2' is not a size"),
+    ],
+)
+def test_sizes_that_are_no_whole_byte_count_are_refused(text, problem):
+    with pytest.raises(ValueError) as info:
+        shards.parse_size(text)
+    assert str(info.value).startswith(problem)
+
+
+def test_a_size_that_is_not_text_is_refused():
+    with pytest.raises(ValueError, match=r"^5 is not a size: give it as text"):
+        shards.parse_size(5)
+
+
 def test_split_rule_on_huggingface_hubs_own_example():
     """[6, 6, 2, 6, 2, 2] GB under 10 GB: [6], [6, 2], [6, 2, 2] (its docstring); and a tensor
     over the limit gets its own shard at once, before the one still open."""
@@ -401,3 +450,97 @@ def test_split_rule_on_huggingface_hubs_own_example():
     assert shards.split_into_shards({"a": 1, "b": 9, "c": 1}, 5) == [["b"], ["a", "c"]]
     with pytest.raises(ValueError, match="at least 1 byte"):
         shards.split_into_shards(sizes, 0)
+
+
+# -- the split rule at every boundary, against huggingface_hub's own torch split ----------------
+
+
+def hf_torch_split(sizes, max_shard_size):
+    """The shards huggingface_hub's split_torch_state_dict_into_shards (what transformers'
+    save_pretrained calls) makes of uint8 tensors of these byte sizes, each its own storage,
+    read off filename_to_tensors in order."""
+    torch = pytest.importorskip("torch")
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    state_dict = {name: torch.empty(size, dtype=torch.uint8) for name, size in sizes.items()}
+    split = split_torch_state_dict_into_shards(state_dict, max_shard_size=max_shard_size)
+    return [list(names) for names in split.filename_to_tensors.values()]
+
+
+# (sizes in bytes, max_shard_size, the shards by hand: a tensor larger than the limit gets its own
+# shard at once, before the open one; any other joins the open shard unless it would take it past
+# the limit, and then opens the next).
+BOUNDARY_CASES = {
+    # exactly the limit is not over it: no shard of its own at once, but nothing shares with it
+    "exactly the limit between small ones": ({"a": 1, "b": 5, "c": 1}, 5, [["a"], ["b"], ["c"]]),
+    "exactly the limit alone": ({"a": 5}, 5, [["a"]]),
+    "two of exactly the limit": ({"a": 5, "b": 5}, 5, [["a"], ["b"]]),
+    "exactly filling one shard": ({"a": 2, "b": 3}, 5, [["a", "b"]]),
+    "exactly filling, then one more": ({"a": 2, "b": 3, "c": 1}, 5, [["a", "b"], ["c"]]),
+    "one byte short of filling": ({"a": 2, "b": 2, "c": 1}, 5, [["a", "b", "c"]]),
+    "one byte past filling": ({"a": 2, "b": 2, "c": 2}, 5, [["a", "b"], ["c"]]),
+    "one byte over the limit alone": ({"a": 6}, 5, [["a"]]),
+    "one byte over the limit first": ({"a": 6, "b": 1, "c": 4}, 5, [["a"], ["b", "c"]]),
+    "one byte over the limit last": ({"a": 1, "b": 4, "c": 6}, 5, [["c"], ["a", "b"]]),
+    # the oversized shard is appended at once, before the open one, which goes on after it
+    "oversized between small ones": ({"a": 1, "b": 6, "c": 1}, 5, [["b"], ["a", "c"]]),
+    "two oversized between small ones": (
+        {"a": 1, "b": 7, "c": 2, "d": 9, "e": 2},
+        5,
+        [["b"], ["d"], ["a", "c", "e"]],
+    ),
+    "a zero-size tensor alone": ({"z": 0}, 5, [["z"]]),
+    "a zero-size tensor on a full shard": ({"a": 5, "z": 0}, 5, [["a", "z"]]),
+    "a zero-size tensor after an oversized one": ({"a": 6, "z": 0}, 5, [["a"], ["z"]]),
+    "a zero-size tensor first": ({"z": 0, "a": 5, "b": 1}, 5, [["z", "a"], ["b"]]),
+    "one byte a shard": ({"a": 1, "b": 1, "c": 1}, 1, [["a"], ["b"], ["c"]]),
+    "every tensor over a 1-byte limit": ({"a": 2, "b": 1, "c": 3}, 1, [["a"], ["c"], ["b"]]),
+    "everything in one shard": ({"a": 1, "b": 2, "c": 3}, 10**6, [["a", "b", "c"]]),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUNDARY_CASES))
+def test_the_split_at_each_boundary_is_huggingface_hubs(case):
+    """Each boundary of the rule (a tensor of exactly the limit, a shard filled exactly, one
+    byte over, an oversized tensor among small ones, a tensor of no bytes) gives the shards
+    written by hand, and those are what huggingface_hub's torch split gives."""
+    sizes, max_shard_size, want = BOUNDARY_CASES[case]
+    assert hf_torch_split(sizes, max_shard_size) == want  # the hand-written list is its rule
+    assert shards.split_into_shards(sizes, max_shard_size) == want
+    assert shards.planned_files(sizes, max_shard_size) == (
+        ["model.safetensors"]
+        if len(want) == 1
+        else [*shards.shard_file_names(len(want)), "model.safetensors.index.json"]
+    )
+
+
+def _sizes_and_limit():
+    from hypothesis import strategies as st
+
+    # At most one zero-size tensor: huggingface_hub's torch split gives every empty tensor the
+    # same storage id (data pointer 0, 0 bytes) and so puts them all in the first one's shard,
+    # which no model of ours holds (every tensor has at least one element).
+    sizes = st.lists(st.integers(1, 12), min_size=1, max_size=8)
+    zero_at = st.one_of(st.none(), st.integers(0, 8))
+    return st.tuples(sizes, zero_at, st.integers(1, 12))
+
+
+def test_the_split_is_huggingface_hubs_on_many_small_cases():
+    """A few hundred random size lists (1 to 12 bytes each, perhaps one of 0) under limits of 1
+    to 12 bytes, so that every boundary (equal, one over, one under, oversized) comes up often:
+    our split is huggingface_hub's torch split, shard for shard, in order."""
+    pytest.importorskip("torch")
+    from hypothesis import given, settings
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(_sizes_and_limit())
+    def check(drawn):
+        values, zero_at, max_shard_size = drawn
+        if zero_at is not None:
+            values = [*values[:zero_at], 0, *values[zero_at:]]
+        sizes = {f"t{i}": size for i, size in enumerate(values)}
+        assert shards.split_into_shards(sizes, max_shard_size) == hf_torch_split(
+            sizes, max_shard_size
+        )
+
+    check()
