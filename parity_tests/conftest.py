@@ -7,6 +7,37 @@ from typing import NoReturn
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
 
+
+def share_the_cores() -> dict[str, str]:
+    """Under pytest-xdist, each worker's thread pools sized to its share of the cores, before any
+    framework loads. Every framework sizes its pools to the whole machine, so `-n 2` on 2 cores
+    ran 2 workers x (torch's OpenMP + TF's two Eigen pools + XLA's + OpenBLAS) threads on 2 cores:
+    spinning threads waiting for a core. Measured on 2 cores, `pytest -n 2
+    parity_tests/impl/test_training.py`: 370 s with the default pools, 164 s with one thread per
+    worker. Values the user set are kept; the computed results differ only by summation order,
+    which every float bound of the suite allows (none compares a computed float bit for bit).
+    Returns what it set (the child processes of a test inherit it)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 1:
+        return {}  # one process (-n 0): the frameworks' own defaults
+    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    wanted = {
+        name: share
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        + ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+    }
+    flags = os.environ.get("XLA_FLAGS", "")
+    if share == "1" and "xla_cpu_multi_thread_eigen" not in flags:
+        # XLA's CPU client: its Eigen pool off (one thread). Only `--` flags: a bare
+        # `name=value` token makes XLA ignore the flags after it (the host device count).
+        wanted["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    set_here = {k: v for k, v in wanted.items() if k == "XLA_FLAGS" or k not in os.environ}
+    os.environ.update(set_here)
+    return set_here
+
+
+SHARED_CORES = share_the_cores()
+
 import pytest  # noqa: E402
 
 from transformer_rosetta.adapter.backends import FRAMEWORKS, get_backend, unavailable_reason  # noqa: E402

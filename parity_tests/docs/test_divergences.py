@@ -24,7 +24,7 @@ import re
 import numpy as np
 import pytest
 
-from parity_tests.conftest import backend_or_skip
+from parity_tests.conftest import SHARED_CORES, backend_or_skip
 from tools.docs import divergences
 from tools.docs.divergences import (
     CLASS_KEYS,
@@ -261,12 +261,16 @@ def test_slow_entries_measure_what_is_recorded(divergence):
 
 
 @pytest.mark.parametrize("hardware_class", list(divergences.TF_BF16.classes))
-def test_each_class_this_machine_can_reach_measures_what_is_recorded(hardware_class):
+def test_each_class_this_machine_can_reach_measures_what_is_recorded(hardware_class, monkeypatch):
     """Every TF_BF16 class measured again in a child process under its environment
     (TF_ENABLE_ONEDNN_OPTS), ~5 s each: on a CPU with AVX-512 both classes, so that the record
     of the class the suite does not run in is checked too. A child that lands in another class
     (oneDNN asked for on a CPU without AVX-512) cannot measure this one: skipped, saying so."""
     backend_or_skip("tf")
+    # The child measures with TF's own thread pools, as the record was made: Eigen's bfloat16
+    # sums are split by thread, so conftest's per-worker pools (SHARED_CORES) would move them.
+    for name in SHARED_CORES:
+        monkeypatch.delenv(name, raising=False)
     kind = divergences.TF_BF16
     keys = [d.key for d in ENTRIES if d.hardware is kind]
     records = divergences.measure_classes(keys, kind.environments[hardware_class])
