@@ -1,5 +1,5 @@
 """The two halves of the family (docs/FORMAT.md, "The three kinds") beyond the forward grid
-(impl/test_backend_vs_oracle.py, FAMILY_GRID): a decoder-only model decodes a prompt and trains at
+(impl/test_halves_vs_oracle.py, FAMILY_GRID): a decoder-only model decodes a prompt and trains at
 parity in every framework; an encoder-only model refuses both, by name.
 
 Bounds, as for the encoder-decoder (decoding/test_parity.py, impl/test_training.py, whose derivations apply

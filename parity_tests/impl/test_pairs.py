@@ -8,7 +8,7 @@ bound measures the other side's computation and not the rounding of its weights.
 
 Each framework runs once per (config, dtype, mode) and every pair reuses that run. The configs and
 inputs are the grid's own (PAIRWISE_GRID, input_cases), so in a full session the compiled
-programs of impl/test_backend_vs_oracle.py are reused from the frameworks' caches.
+programs of impl/test_compiled_vs_oracle.py are reused from the frameworks' caches.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, find, given, settings
 from hypothesis import strategies as st
 
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
-from parity_tests.impl.test_backend_vs_oracle import attention_masks
+from parity_tests.impl.against_oracle import attention_masks
 from tools.docs.divergences import WIDTH_ONE  # the draw behind layer_norm_formula_keras
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.config import (

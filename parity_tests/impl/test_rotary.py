@@ -13,7 +13,7 @@ Why both: a layout that writes its rotated pairs back in the other layout's orde
 interleaved branch with `torch.cat` in place of `stack(...).flatten(-2)`) applies one fixed
 permutation P to every rotated query and key. Scores are q . k = (P q) . (P k), so every output
 of the model is unchanged, bit for bit: no whole-model comparison can see it, and
-impl/test_backend_vs_oracle.py's TODAY_GRID (which has interleaved configs in every framework)
+impl/test_today_vs_oracle.py's TODAY_GRID (which has interleaved configs in every framework)
 did not. Only the direct comparison of the rotated vectors does. The whole-model tests catch
 what does move the scores: a wrong pairing, sign, angle or theta, and a layout not passed on.
 """
@@ -28,7 +28,7 @@ import pytest
 
 from parity_tests.conftest import IMPLEMENTATIONS, backend_or_skip
 from parity_tests.grid import TODAY_GRID
-from parity_tests.impl.test_backend_vs_oracle import check_against_oracle
+from parity_tests.impl.against_oracle import check_against_oracle
 from transformer_rosetta.oracle import reference
 from transformer_rosetta.spec.tolerances import atol_for
 from transformer_rosetta.weights.init import init_weights
@@ -187,7 +187,7 @@ def test_the_models_differ_by_their_layout_alone():
 
 @pytest.mark.parametrize("model_id", list(MODELS))
 def test_a_rotary_model_matches_the_oracle_in_float64(backend, model_id):
-    """impl/test_backend_vs_oracle.py's comparison (logits, encoder output, attention maps, both
+    """impl/against_oracle.py's comparison (logits, encoder output, attention maps, both
     attention paths; ragged and length-1 inputs) in float64, eager: within atol_for("float64")."""
     check_against_oracle(backend, MODELS[model_id], "float64", "eager")
 

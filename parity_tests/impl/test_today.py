@@ -1,5 +1,5 @@
 """Today's decoders (docs/FORMAT.md, steps 3, 4, 4a and 5) beyond the forward grid
-(impl/test_backend_vs_oracle.py, TODAY_GRID): a Llama-style model decodes, samples and trains at
+(impl/test_today_vs_oracle.py, TODAY_GRID): a Llama-style model decodes, samples and trains at
 parity in every framework, cached and uncached, with rotary positions continuing from the prefix
 and a cache of key/value heads.
 
