@@ -78,3 +78,12 @@ def dtype_or_skip(backend, dtype: str) -> None:
 
     if dtype not in backend.dtypes:
         pytest.skip(f"{backend.name} does not compute in {dtype}")
+
+
+def check_in_its_modes(backend, grid: dict, config_id: str, dtype: str, compiled: set) -> None:
+    """A grid config in eager and, in float64 where `compiled` holds it, in every other mode the
+    backend has (test_halves_vs_oracle.py says why compiled runs in float64 only)."""
+    dtype_or_skip(backend, dtype)
+    with_compiled = dtype == "float64" and config_id in compiled
+    for mode in backend.modes if with_compiled else ("eager",):
+        check_against_oracle(backend, grid[config_id], dtype, mode)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from parity_tests.grid import FAMILY_GRID, KINDS, PAIRWISE_KEYS
-from parity_tests.impl.against_oracle import check_against_oracle, dtype_or_skip
+from parity_tests.impl.against_oracle import check_in_its_modes
 
 COMPILED_ROWS = 3
 COMPILED = [
@@ -45,7 +45,4 @@ def test_the_compiled_rows_trace_every_switch_of_a_half():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("config_id", list(FAMILY_GRID))
 def test_the_halves_match_the_oracle(backend, config_id, dtype):
-    dtype_or_skip(backend, dtype)
-    compiled = dtype == "float64" and config_id in COMPILED
-    for mode in backend.modes if compiled else ("eager",):
-        check_against_oracle(backend, FAMILY_GRID[config_id], dtype, mode)
+    check_in_its_modes(backend, FAMILY_GRID, config_id, dtype, set(COMPILED))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from parity_tests.grid import TODAY_GRID
-from parity_tests.impl.against_oracle import check_against_oracle, dtype_or_skip
+from parity_tests.impl.against_oracle import check_in_its_modes
 
 COMPILED = [cid for n, cid in enumerate(TODAY_GRID) if n in (0, 5, 7, 9, 10)]
 
@@ -39,7 +39,4 @@ def test_the_compiled_configs_hold_every_level_of_every_factor():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("config_id", list(TODAY_GRID))
 def test_todays_decoders_match_the_oracle(backend, config_id, dtype):
-    dtype_or_skip(backend, dtype)
-    compiled = dtype == "float64" and config_id in COMPILED
-    for mode in backend.modes if compiled else ("eager",):
-        check_against_oracle(backend, TODAY_GRID[config_id], dtype, mode)
+    check_in_its_modes(backend, TODAY_GRID, config_id, dtype, set(COMPILED))
